@@ -1,0 +1,83 @@
+"""The attention kernel contract shared by every implementation.
+
+A *kernel* computes softmax(Q K^T / sqrt(d)) V (or an approximation of it) for already projected,
+head-split tensors. Projections, head layout (MHA / GQA / MQA) and caching live in
+:mod:`app.attention.multihead`; kernels only see tensors of shape
+
+    q: (B, H, Tq, Dh)      k, v: (B, Hkv, Tk, Dh)      with H % Hkv == 0
+
+Masks use one convention everywhere: ``key_mask`` is a bool tensor of shape (B, Tk), True for real
+tokens and False for padding. ``causal=True`` lets query i attend keys j <= i + (Tk - Tq), i.e. the
+queries are the *last* Tq positions of the key sequence, which covers both full training (Tq == Tk)
+and cached incremental decoding (Tq == 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class KernelCapabilities:
+    """What a kernel supports; checked when a model is built, not at run time."""
+
+    padding_mask: bool = True
+    causal: bool = True
+    returns_weights: bool = True
+    incremental: bool = True  # can run with Tq < Tk against a KV cache
+
+
+@dataclass
+class AttentionOutput:
+    """The result every kernel returns."""
+
+    context: Tensor  # (B, H, Tq, Dh)
+    weights: Tensor | None = None  # (B, H, Tq, Tk), only when asked for and supported
+
+
+class AttentionKernel(nn.Module):
+    """Base class of all kernels: one signature, one result type, declared capabilities."""
+
+    capabilities: ClassVar[KernelCapabilities] = KernelCapabilities()
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """Attend ``q`` (B, H, Tq, Dh) over ``k``/``v`` (B, Hkv, Tk, Dh); see the module docstring."""
+        raise NotImplementedError
+
+    def cache_window(self) -> int | None:
+        """How many past positions a decoder self-attention cache must keep (None = all)."""
+        return None
+
+
+def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
+    """Expand (B, Hkv, T, Dh) to (B, H, T, Dh) by sharing each kv head with H / Hkv query heads."""
+    kv_heads = x.size(1)
+    if kv_heads == num_heads:
+        return x
+    b, _, t, d = x.shape
+    group = num_heads // kv_heads
+    return x[:, :, None].expand(b, kv_heads, group, t, d).reshape(b, num_heads, t, d)
+
+
+def rows_with_keys(mask: Tensor | None) -> Tensor | None:
+    """(B, 1|H, Tq, 1) bool: False for query rows that may attend no key at all (their output is zero)."""
+    return None if mask is None else mask.any(dim=-1, keepdim=True)
+
+
+def zeros_like_context(q: Tensor, v: Tensor) -> Tensor:
+    """An all-zero context tensor with the shape and dtype a kernel would return."""
+    return torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype, device=q.device)

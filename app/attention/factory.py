@@ -1,0 +1,84 @@
+"""Build the attention of each Transformer site from the ``attention`` config group.
+
+The group sets every site at once; ``sites.<name>`` overrides single fields for one site, e.g.
+``attention.sites.cross.kernel=eager`` keeps full cross-attention under a sparse self-attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from app.attention.multihead import MultiHeadAttention
+from app.attention.registry import AttentionConfigError, build_kernel, kernel_class
+
+SITES = ("encoder_self", "decoder_self", "cross")
+
+# What each site asks of its kernel: (needs a padding mask, needs causal masking, decodes incrementally).
+SITE_NEEDS = {
+    "encoder_self": {"padding_mask": True, "causal": False, "incremental": False},
+    "decoder_self": {"padding_mask": False, "causal": True, "incremental": True},
+    "cross": {"padding_mask": True, "causal": False, "incremental": True},
+}
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Settings of one attention site."""
+
+    kernel: str = "eager"  # a registered kernel name
+    num_kv_heads: int | None = None  # None = num_heads (MHA); 1 = MQA; a divisor in between = GQA
+    dropout: float = 0.0  # dropout on attention weights
+    options: Mapping[str, Any] = field(default_factory=dict)  # kernel-specific settings
+
+
+def site_specs(cfg: Mapping[str, Any]) -> dict[str, AttentionSpec]:
+    """Resolve the group config into one spec per site, naming any unknown key."""
+    cfg = dict(cfg)
+    sites = dict(cfg.pop("sites", None) or {})
+    base = _spec_from(cfg, where="attention")
+    unknown = set(sites) - set(SITES)
+    if unknown:
+        raise AttentionConfigError(
+            f"unknown attention site(s) {sorted(unknown)}; valid sites: {', '.join(SITES)}"
+        )
+    return {
+        site: _merge(base, dict(sites.get(site) or {}), where=f"attention.sites.{site}") for site in SITES
+    }
+
+
+def _spec_from(cfg: Mapping[str, Any], *, where: str) -> AttentionSpec:
+    return _merge(AttentionSpec(), cfg, where=where)
+
+
+def _merge(spec: AttentionSpec, overrides: Mapping[str, Any], *, where: str) -> AttentionSpec:
+    valid = {f.name for f in fields(AttentionSpec)}
+    overrides = {k: v for k, v in overrides.items() if k != "name"}
+    bad = set(overrides) - valid
+    if bad:
+        raise AttentionConfigError(f"unknown key(s) {sorted(bad)} in {where}; valid keys: {sorted(valid)}")
+    if "options" in overrides:
+        overrides["options"] = {**spec.options, **dict(overrides["options"] or {})}
+    return replace(spec, **overrides)
+
+
+def build_attention(spec: AttentionSpec, *, site: str, d_model: int, num_heads: int) -> MultiHeadAttention:
+    """One attention layer for ``site``, after checking that its kernel can serve that site."""
+    check_kernel_fits_site(spec.kernel, site)
+    return MultiHeadAttention(
+        d_model=d_model,
+        num_heads=num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        kernel=build_kernel(spec.kernel, **dict(spec.options)),
+        dropout=spec.dropout,
+    )
+
+
+def check_kernel_fits_site(kernel: str, site: str) -> None:
+    caps = kernel_class(kernel).capabilities
+    missing = [need for need, wanted in SITE_NEEDS[site].items() if wanted and not getattr(caps, need)]
+    if missing:
+        raise AttentionConfigError(
+            f"attention kernel {kernel!r} cannot serve the {site} site: it lacks {', '.join(missing)}"
+        )

@@ -1,0 +1,41 @@
+"""PyTorch's fused ``scaled_dot_product_attention`` (flash / memory-efficient / math backends)."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, rows_with_keys
+from app.attention.masks import attention_mask
+from app.attention.registry import register_kernel
+
+
+@register_kernel("sdpa")
+class SDPAttention(AttentionKernel):
+    """Fused attention; never materialises weights, so ``need_weights`` is unsupported."""
+
+    capabilities = KernelCapabilities(returns_weights=False)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        if need_weights:
+            raise ValueError("the sdpa kernel cannot return attention weights; use kernel=eager")
+        tq, tk = q.size(2), k.size(2)
+        gqa = k.size(1) != q.size(1)
+        if key_mask is None and (not causal or tq == tk):
+            context = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout_p, is_causal=causal, enable_gqa=gqa
+            )
+            return AttentionOutput(context=context)
+        mask = attention_mask(key_mask, causal=causal, tq=tq, tk=tk, device=q.device)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+        return AttentionOutput(context=context.masked_fill(~rows_with_keys(mask), 0.0))

@@ -1,0 +1,91 @@
+"""Self-contained checkpoints: written atomically, loaded with clear errors.
+
+A checkpoint holds the weights, the resolved run config and both sentencepiece models, so
+``translate.py`` needs nothing but the file.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from pytorch_lightning.plugins import TorchCheckpointIO
+
+from app.data.tokenizer import Tokenizer
+from app.lit_module import CHECKPOINT_KEY
+from app.models import build_model
+from app.translator import Translator
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, truncated, corrupted or from another program."""
+
+
+def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
+    """``torch.save`` to a temporary file in the same directory, then rename over ``path``.
+
+    A crash at any point leaves either the old file or the new one, never a half-written file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint I/O that never leaves a partial checkpoint behind."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        save_atomically(checkpoint, path)
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a checkpoint dict, turning torch's low-level failures into a :class:`CheckpointError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+        raise CheckpointError(
+            f"{path} is truncated or not a checkpoint ({type(err).__name__}: {err})"
+        ) from err
+    if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path} is not a checkpoint written by this toolkit's train.py")
+    return checkpoint
+
+
+def load_translator(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu"
+) -> tuple[Translator, dict]:
+    """A ready :class:`Translator` and the run config stored in checkpoint ``path``."""
+    checkpoint = read_checkpoint(path)
+    extra = checkpoint[CHECKPOINT_KEY]
+    config = extra["config"]
+    src_tok, tgt_tok = Tokenizer.from_bytes(extra["src_spm"]), Tokenizer.from_bytes(extra["tgt_spm"])
+    model = build_model(
+        config["model"],
+        config["attention"],
+        src_vocab_size=src_tok.vocab_size,
+        tgt_vocab_size=tgt_tok.vocab_size,
+        pad_id=tgt_tok.pad_id,
+    )
+    weights = {
+        k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
+    }
+    model.load_state_dict(weights)
+    model.to(device).eval()
+    return Translator(model, src_tok, tgt_tok), config

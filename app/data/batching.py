@@ -1,0 +1,150 @@
+"""Token-budget batching: batches of similar-length examples whose padded size stays under a budget.
+
+Sorting by length before packing keeps padding small; the budget ``max_tokens`` bounds the padded
+tensor ``len(batch) * max(lengths in batch)`` instead of the number of sentences, so short sentences
+form big batches and long ones small batches, and memory use is steady.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import Sampler
+
+__all__ = ["BatchingError", "TokenBucketBatchSampler"]
+
+
+class BatchingError(ValueError):
+    """Invalid batching arguments."""
+
+
+def _validate(
+    lengths: np.ndarray, max_tokens: int, num_replicas: int, rank: int, max_sentences: int | None
+) -> None:
+    if lengths.ndim != 1:
+        raise BatchingError(f"lengths must be a flat sequence of ints, got shape {lengths.shape}")
+    if lengths.size and lengths.min() < 0:
+        raise BatchingError(
+            f"lengths must be >= 0, got {int(lengths.min())} at index {int(lengths.argmin())}"
+        )
+    if max_tokens <= 0:
+        raise BatchingError(f"max_tokens must be > 0, got {max_tokens}")
+    if num_replicas < 1:
+        raise BatchingError(f"num_replicas must be >= 1, got {num_replicas}")
+    if not 0 <= rank < num_replicas:
+        raise BatchingError(f"rank must satisfy 0 <= rank < num_replicas={num_replicas}, got {rank}")
+    if max_sentences is not None and max_sentences < 1:
+        raise BatchingError(f"max_sentences must be >= 1 or None, got {max_sentences}")
+
+
+class TokenBucketBatchSampler(Sampler[list[int]]):
+    """Yields lists of example indices whose padded size ``len(batch) * max_len`` is <= ``max_tokens``.
+
+    Each epoch, examples are sorted by length (ties broken randomly from ``seed + epoch`` when
+    ``shuffle``, by index otherwise) and packed greedily into batches; an example longer than
+    ``max_tokens`` becomes a batch of its own, nothing is ever dropped. ``max_sentences`` optionally
+    caps the batch size as well. With ``shuffle`` the order of batches is redrawn every epoch from
+    ``seed + epoch`` (call :meth:`set_epoch`, as Lightning does); without it, batches come shortest first.
+
+    Sharding (``num_replicas > 1``): every rank must see the same number of batches or DDP hangs.
+    The epoch's batches are therefore made a multiple of ``num_replicas`` by splitting the batch with
+    the most examples in two (repeatedly, at most ``num_replicas - 1`` times); split batches are
+    smaller, so they still respect the budget and every example is still seen exactly once per epoch
+    across ranks. Only when no batch can be split any more (every batch is a single example, e.g.
+    fewer examples than ranks or ``max_sentences=1``) are batches repeated: the first
+    ``num_replicas - count % num_replicas`` batches in length order (the shortest single examples,
+    cycling through them if there are fewer examples than ranks) are appended once more.
+    Consecutive batches in length order form a group of ``num_replicas``, groups are shuffled, and
+    rank ``r`` takes the ``r``-th batch of each group, so the ranks work on similar lengths at each step.
+
+    With Lightning DDP, pass ``num_replicas=trainer.world_size, rank=trainer.global_rank`` and set
+    ``Trainer(use_distributed_sampler=False)`` so Lightning does not wrap this sampler.
+    """
+
+    def __init__(
+        self,
+        *,
+        lengths: Sequence[int],
+        max_tokens: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        max_sentences: int | None = None,
+    ) -> None:
+        self._lengths = np.asarray(lengths, dtype=np.int64)
+        _validate(self._lengths, max_tokens, num_replicas, rank, max_sentences)
+        self._budget_lengths = np.maximum(self._lengths, 1).tolist()  # an empty example still costs a slot
+        self.max_tokens = max_tokens
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.max_sentences = max_sentences
+        self.epoch = 0
+        # Batch boundaries depend only on the sorted length sequence, which is the same every epoch.
+        self._num_batches_total = len(self._equalize(self._pack(self._sorted_indices(None))))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose shuffle to use (different epochs give different batch orders)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Number of batches this rank yields per epoch (the same for every rank and epoch)."""
+        return self._num_batches_total // self.num_replicas
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._epoch_batches(self.epoch)
+        yield from batches[self.rank :: self.num_replicas]
+
+    def _sorted_indices(self, rng: np.random.Generator | None) -> list[int]:
+        """Indices in ascending length order; equal lengths in random order when ``rng`` is given."""
+        if rng is None:
+            return np.argsort(self._lengths, kind="stable").tolist()
+        permutation = rng.permutation(self._lengths.size)
+        return permutation[np.argsort(self._lengths[permutation], kind="stable")].tolist()
+
+    def _pack(self, order: list[int]) -> list[list[int]]:
+        """Greedy packing of length-sorted indices into batches within the token budget."""
+        batches: list[list[int]] = []
+        current: list[int] = []
+        current_max = 0
+        for index in order:
+            length = self._budget_lengths[index]
+            new_max = max(current_max, length)
+            fits = (len(current) + 1) * new_max <= self.max_tokens
+            if self.max_sentences is not None:
+                fits = fits and len(current) < self.max_sentences
+            if current and not fits:
+                batches.append(current)
+                current, new_max = [], length
+            current.append(index)
+            current_max = new_max
+        if current:
+            batches.append(current)
+        return batches
+
+    def _equalize(self, batches: list[list[int]]) -> list[list[int]]:
+        """Make the batch count a multiple of ``num_replicas`` (see the class docstring for the policy)."""
+        batches = list(batches)
+        while len(batches) % self.num_replicas:
+            largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+            batch = batches[largest]
+            if len(batch) < 2:
+                break
+            half = (len(batch) + 1) // 2
+            batches[largest : largest + 1] = [batch[:half], batch[half:]]
+        missing = -len(batches) % self.num_replicas
+        return batches + [list(batches[i % len(batches)]) for i in range(missing)]
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        """All ranks' batches for ``epoch``, interleaved: rank ``r`` owns positions ``r::num_replicas``."""
+        rng = np.random.default_rng(self.seed + epoch) if self.shuffle else None
+        batches = self._equalize(self._pack(self._sorted_indices(rng)))
+        if rng is None:
+            return batches
+        groups = [
+            batches[start : start + self.num_replicas] for start in range(0, len(batches), self.num_replicas)
+        ]
+        return [batch for group_index in rng.permutation(len(groups)) for batch in groups[group_index]]

@@ -1,0 +1,91 @@
+"""LightningDataModule: encoded splits, token-bucket training batches, ordered evaluation batches."""
+
+from __future__ import annotations
+
+import logging
+
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+
+from app.data.batch import Collator, ParallelIds
+from app.data.batching import TokenBucketBatchSampler
+from app.data.corpus import ParallelText, filter_pairs
+from app.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class TranslationDataModule(pl.LightningDataModule):
+    """Holds the encoded corpus; training batches are sharded over ranks by the sampler itself.
+
+    Training pairs that are empty or longer than ``max_len`` subwords are dropped (and counted);
+    evaluation splits are never filtered.
+    """
+
+    def __init__(
+        self,
+        *,
+        corpora: dict[str, ParallelText],
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer,
+        max_tokens: int,
+        max_len: int,
+        eval_max_tokens: int | None = None,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.corpora = corpora
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        self.max_tokens, self.max_len = max_tokens, max_len
+        self.eval_max_tokens = eval_max_tokens or max_tokens
+        self.seed, self.num_workers = seed, num_workers
+        self.collate = Collator(
+            pad_id=tgt_tokenizer.pad_id, bos_id=tgt_tokenizer.bos_id, eos_id=tgt_tokenizer.eos_id
+        )
+        self.datasets: dict[str, ParallelIds] = {}
+        self.dropped_train_pairs = 0
+
+    @property
+    def valid_references(self) -> list[str]:
+        return self.corpora["valid"].tgt
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        for split, text in self.corpora.items():
+            src, tgt = self.src_tokenizer.encode(text.src), self.tgt_tokenizer.encode(text.tgt)
+            if split == "train":
+                keep, self.dropped_train_pairs = filter_pairs(src, tgt, max_len=self.max_len)
+                src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+                log.info(
+                    "training pairs: %d kept, %d dropped (empty or > %d subwords)",
+                    len(keep),
+                    self.dropped_train_pairs,
+                    self.max_len,
+                )
+            self.datasets[split] = ParallelIds(src, tgt)
+
+    def _loader(self, split: str, *, train: bool) -> DataLoader:
+        dataset = self.datasets[split]
+        trainer = self.trainer
+        sampler = TokenBucketBatchSampler(
+            lengths=dataset.lengths(),
+            max_tokens=self.max_tokens if train else self.eval_max_tokens,
+            shuffle=train,
+            seed=self.seed,
+            num_replicas=trainer.world_size if (train and trainer) else 1,
+            rank=trainer.global_rank if (train and trainer) else 0,
+        )
+        return DataLoader(
+            dataset, batch_sampler=sampler, collate_fn=self.collate, num_workers=self.num_workers
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("valid", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", train=False)

@@ -1,0 +1,257 @@
+"""SentencePiece subword tokenizers with fixed special ids and a content-keyed on-disk cache.
+
+The special ids are the same for every model this toolkit trains, so model code can rely on them
+(e.g. ``padding_idx=PAD_ID``) without looking at the tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "MODEL_TYPES",
+    "PAD_ID",
+    "UNK_ID",
+    "SubwordConfig",
+    "Tokenizer",
+    "TokenizerError",
+    "train_or_load",
+]
+
+PAD_ID = 0
+"""Padding; never produced by ``encode``; skipped by ``decode``."""
+UNK_ID = 1
+"""Unknown piece (characters outside the model's alphabet)."""
+BOS_ID = 2
+"""Beginning of sentence; added by the model code, not by ``encode``."""
+EOS_ID = 3
+"""End of sentence; added by the model code, not by ``encode``."""
+
+MODEL_TYPES = ("unigram", "bpe")
+_SPECIAL_IDS = frozenset({PAD_ID, BOS_ID, EOS_ID})
+_MIN_VOCAB_SIZE = 5  # the four specials plus at least one real piece
+
+
+class TokenizerError(ValueError):
+    """Invalid subword settings, or a model that cannot be trained or loaded with them."""
+
+
+@dataclass(frozen=True)
+class SubwordConfig:
+    """Settings of the SentencePiece model(s); every field is part of the cache key.
+
+    ``joint`` trains one model on source and target text together (shared vocabulary, allows tied
+    embeddings); otherwise each side gets its own model of ``vocab_size`` pieces.
+    ``input_sentence_size`` caps how many sentences (sampled with ``seed``) training reads.
+    """
+
+    model_type: str = "unigram"
+    vocab_size: int = 8000
+    joint: bool = True
+    character_coverage: float = 1.0
+    max_sentence_length: int = 4096
+    input_sentence_size: int = 1_000_000
+    normalization_rule_name: str = "nmt_nfkc"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise TokenizerError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
+        if self.vocab_size < _MIN_VOCAB_SIZE:
+            raise TokenizerError(f"vocab_size must be > 4 (4 ids are reserved), got {self.vocab_size}")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise TokenizerError(f"character_coverage must be in (0, 1], got {self.character_coverage}")
+        if self.max_sentence_length < 1 or self.input_sentence_size < 1:
+            raise TokenizerError(
+                "max_sentence_length and input_sentence_size must be >= 1, got "
+                f"{self.max_sentence_length} and {self.input_sentence_size}"
+            )
+
+
+class Tokenizer:
+    """A loaded SentencePiece model with a batch API and the toolkit's fixed special ids."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor) -> None:
+        self._sp = processor
+        expected = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
+        actual = {
+            "pad": processor.pad_id(),
+            "unk": processor.unk_id(),
+            "bos": processor.bos_id(),
+            "eos": processor.eos_id(),
+        }
+        if actual != expected:
+            raise TokenizerError(f"sentencepiece model has special ids {actual}, expected {expected}")
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Tokenizer:
+        """Load a ``.model`` file."""
+        return cls.from_bytes(Path(path).read_bytes())
+
+    @classmethod
+    def from_bytes(cls, model_proto: bytes) -> Tokenizer:
+        """Rebuild a tokenizer from :meth:`to_bytes` output (e.g. stored inside a checkpoint)."""
+        return cls(spm.SentencePieceProcessor(model_proto=model_proto))
+
+    def to_bytes(self) -> bytes:
+        """The serialized model proto: everything needed to rebuild this tokenizer."""
+        return self._sp.serialized_model_proto()
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, including the four special ones."""
+        return self._sp.vocab_size()
+
+    @property
+    def pad_id(self) -> int:
+        """Padding id (always :data:`PAD_ID`)."""
+        return PAD_ID
+
+    @property
+    def unk_id(self) -> int:
+        """Unknown-piece id (always :data:`UNK_ID`)."""
+        return UNK_ID
+
+    @property
+    def bos_id(self) -> int:
+        """Beginning-of-sentence id (always :data:`BOS_ID`)."""
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        """End-of-sentence id (always :data:`EOS_ID`)."""
+        return EOS_ID
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Piece ids for each text, without BOS/EOS (the model code adds those where it needs them)."""
+        return self._sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Iterable[Iterable[int]]) -> list[str]:
+        """Detokenized text for each id sequence.
+
+        Pad/BOS/EOS and ids outside the vocabulary are skipped, so raw model output (padded, with EOS)
+        can be decoded directly; UNK is kept and shows as `` ⁇ ``.
+        """
+        vocab_size = self.vocab_size
+        cleaned = [[i for i in map(int, seq) if 0 <= i < vocab_size and i not in _SPECIAL_IDS] for seq in ids]
+        return self._sp.decode(cleaned)
+
+    def id_to_piece(self, ids: list[int]) -> list[str]:
+        """The piece string of each id (for inspection and attention plots)."""
+        return [self._sp.id_to_piece(int(i)) for i in ids]
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size})"
+
+
+def _texts_fingerprint(texts: Iterable[str]) -> str:
+    """SHA-256 over the texts with length prefixes, so that line boundaries are part of the hash."""
+    digest = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _cache_key(config: SubwordConfig, corpus_key: str, side: str, fingerprint: str) -> str:
+    payload = {"config": asdict(config), "corpus_key": corpus_key, "side": side, "texts": fingerprint}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def _model_path(cache_dir: Path, config: SubwordConfig, corpus_key: str, side: str, texts: list[str]) -> Path:
+    """Cache file name: readable prefix plus a hash of everything that determines the model."""
+    key = _cache_key(config, corpus_key, side, _texts_fingerprint(texts))
+    safe_corpus = re.sub(r"[^A-Za-z0-9._-]+", "_", corpus_key).strip("_") or "corpus"
+    return cache_dir / f"spm-{safe_corpus}-{side}-{config.model_type}{config.vocab_size}-{key}.model"
+
+
+def _training_sentences(texts: list[str]) -> Iterator[str]:
+    """Non-empty sentences (empty lines carry nothing to learn from)."""
+    return (text for text in texts if text.strip())
+
+
+def _train_model_proto(texts: list[str], config: SubwordConfig) -> bytes:
+    """Train a model from an in-memory sentence iterator and return its serialized proto."""
+    options: dict[str, object] = {
+        "model_type": config.model_type,
+        "vocab_size": config.vocab_size,
+        "character_coverage": config.character_coverage,
+        "max_sentence_length": config.max_sentence_length,
+        "input_sentence_size": config.input_sentence_size,
+        "shuffle_input_sentence": True,
+        "normalization_rule_name": config.normalization_rule_name,
+        "num_threads": os.cpu_count() or 1,
+        "pad_id": PAD_ID,
+        "unk_id": UNK_ID,
+        "bos_id": BOS_ID,
+        "eos_id": EOS_ID,
+        "minloglevel": 2,  # keep sentencepiece's verbose training log quiet
+    }
+    if config.model_type == "unigram":
+        options["hard_vocab_limit"] = False  # small corpora: shrink the vocabulary instead of failing
+    spm.set_random_generator_seed(config.seed)
+    writer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_training_sentences(texts), model_writer=writer, **options
+        )
+    except RuntimeError as error:
+        raise TokenizerError(
+            f"sentencepiece could not train a {config.model_type} model with vocab_size={config.vocab_size} "
+            f"on {len(texts)} sentences: {error}"
+        ) from error
+    return writer.getvalue()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the target directory, then rename, so readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spm-tmp-") as tmp_dir:
+        tmp_path = Path(tmp_dir) / path.name
+        tmp_path.write_bytes(data)
+        os.replace(tmp_path, path)
+
+
+def _train_or_load_one(
+    texts: list[str], config: SubwordConfig, cache_dir: Path, corpus_key: str, side: str
+) -> Tokenizer:
+    path = _model_path(cache_dir, config, corpus_key, side, texts)
+    if not path.is_file():
+        _write_atomically(path, _train_model_proto(texts, config))
+    return Tokenizer.from_file(path)
+
+
+def train_or_load(
+    *,
+    src_texts: list[str],
+    tgt_texts: list[str],
+    config: SubwordConfig,
+    cache_dir: str | os.PathLike[str],
+    corpus_key: str,
+) -> tuple[Tokenizer, Tokenizer]:
+    """Source and target tokenizers trained on the *training* texts, cached in ``cache_dir``.
+
+    The cache file name hashes ``config``, ``corpus_key`` and the texts themselves, so a changed
+    setting or corpus trains a new model while an unchanged one is loaded without training.
+    With ``config.joint`` one model is trained on both sides and returned twice (the same object).
+    """
+    cache_path = Path(cache_dir)
+    if config.joint:
+        joint = _train_or_load_one(list(src_texts) + list(tgt_texts), config, cache_path, corpus_key, "joint")
+        return joint, joint
+    src = _train_or_load_one(list(src_texts), config, cache_path, corpus_key, "src")
+    tgt = _train_or_load_one(list(tgt_texts), config, cache_path, corpus_key, "tgt")
+    return src, tgt

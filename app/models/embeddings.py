@@ -1,0 +1,48 @@
+"""Token embeddings and sinusoidal positions (Vaswani et al. 2017, section 3.4 and 3.5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Embedding):
+    """Embedding lookup scaled by sqrt(d_model), as in section 3.4."""
+
+    def __init__(self, *, vocab_size: int, d_model: int, pad_id: int) -> None:
+        super().__init__(vocab_size, d_model, padding_idx=pad_id)
+        nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
+        with torch.no_grad():
+            self.weight[pad_id].zero_()
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return super().forward(tokens) * self.scale
+
+
+def sinusoid_table(length: int, d_model: int) -> Tensor:
+    """(length, d_model): PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)."""
+    positions = torch.arange(length, dtype=torch.float64)[:, None]
+    freqs = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(positions * freqs)
+    table[:, 1::2] = torch.cos(positions * freqs[: d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Adds fixed sinusoidal position encodings, starting at an offset for incremental decoding."""
+
+    def __init__(self, *, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("table", sinusoid_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x`` (B, T, D) gets the encodings of positions offset .. offset + T - 1."""
+        end = offset + x.size(1)
+        if end > self.max_len:
+            raise ValueError(f"sequence of {end} positions exceeds max_positions={self.max_len}")
+        return x + self.table[offset:end].to(x.dtype)

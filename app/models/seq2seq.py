@@ -1,0 +1,54 @@
+"""The interface every model family offers to training and decoding.
+
+Training calls ``forward`` (teacher forcing). Greedy and beam search only use ``encode``,
+``start_decoding`` and ``decode_step`` plus :meth:`DecoderState.reorder`, so a new family (the RNN
+baselines, say) works with every decoder unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+
+@dataclass
+class EncoderOutput:
+    memory: Tensor  # (B, S, D) encoder states
+    mask: Tensor  # (B, S) True at real source tokens
+
+
+class DecoderState(ABC):
+    """Whatever a model carries from one decoding step to the next (caches, recurrent state)."""
+
+    @abstractmethod
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (B',) of the batch, in that order; beam search prunes with it.
+
+        Rows are only ever taken from the same sentence's group, so per-sentence data such as
+        cross-attention keys may be left as they are.
+        """
+
+
+class Seq2Seq(nn.Module, ABC):
+    """An encoder-decoder translation model over token ids."""
+
+    pad_id: int
+    max_positions: int  # longest source or target the model accepts, in tokens incl. specials
+
+    @abstractmethod
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Logits (B, T, V) for target inputs ``tgt_in`` (B, T) given source ids ``src`` (B, S)."""
+
+    @abstractmethod
+    def encode(self, src: Tensor) -> EncoderOutput:
+        """Encode source ids (B, S) once per sentence batch."""
+
+    @abstractmethod
+    def start_decoding(self, encoded: EncoderOutput) -> DecoderState:
+        """A fresh decoder state for the batch ``encoded`` (caches empty, step 0)."""
+
+    @abstractmethod
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """Log-probabilities (B, V) of the next token after ``tokens`` (B,); updates ``state``."""

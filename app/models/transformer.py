@@ -1,0 +1,227 @@
+"""Transformer encoder-decoder (Vaswani et al. 2017), pre-LN by default (Xiong et al. 2020).
+
+Attention at every site (encoder self, decoder causal self, cross) is built from the ``attention``
+config through :mod:`app.attention.factory`, so attention variants plug in without touching this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from app.attention import KVCache, padding_mask
+from app.attention.factory import AttentionSpec, build_attention
+from app.models.embeddings import SinusoidalPositions, TokenEmbedding
+from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
+
+
+class FeedForward(nn.Sequential):
+    """Position-wise FFN, section 3.3: Linear -> ReLU -> dropout -> Linear."""
+
+    def __init__(self, *, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+
+
+class Residual(nn.Module):
+    """A residual connection with layer norm before (pre-LN) or after (post-LN) the sublayer."""
+
+    def __init__(self, *, d_model: int, dropout: float, pre_norm: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float,
+        pre_norm: bool,
+        self_attn: AttentionSpec,
+    ) -> None:
+        super().__init__()
+        self.self_attn = build_attention(self_attn, site="encoder_self", d_model=d_model, num_heads=num_heads)
+        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=dropout)
+        self.attn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
+        self.ffn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = self.attn_block(x, lambda h: self.self_attn(h, key_mask=mask)[0])
+        return self.ffn_block(x, self.ffn)
+
+
+@dataclass
+class LayerCache:
+    self_attn: KVCache = field(default_factory=KVCache)
+    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float,
+        pre_norm: bool,
+        self_attn: AttentionSpec,
+        cross_attn: AttentionSpec,
+    ) -> None:
+        super().__init__()
+        self.self_attn = build_attention(self_attn, site="decoder_self", d_model=d_model, num_heads=num_heads)
+        self.cross_attn = build_attention(cross_attn, site="cross", d_model=d_model, num_heads=num_heads)
+        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=dropout)
+        self.self_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
+        self.cross_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
+        self.ffn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
+        self.last_cross_weights: Tensor | None = None
+
+    def forward(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """``y`` (B, T, D) target states; with a cache, T is the new step(s) only."""
+        self_cache = cache.self_attn if cache else None
+        cross_cache = cache.cross_attn if cache else None
+        y = self.self_block(y, lambda h: self.self_attn(h, causal=True, cache=self_cache)[0])
+
+        def cross(h: Tensor) -> Tensor:
+            out, self.last_cross_weights = self.cross_attn(
+                h, memory=memory, key_mask=memory_mask, cache=cross_cache, need_weights=need_weights
+            )
+            return out
+
+        y = self.cross_block(y, cross)
+        return self.ffn_block(y, self.ffn)
+
+
+@dataclass
+class TransformerState(DecoderState):
+    memory: Tensor  # (B, S, D)
+    memory_mask: Tensor  # (B, S)
+    caches: list[LayerCache]
+    step: int = 0
+
+    def reorder(self, index: Tensor) -> None:
+        # Cross-attention keys/values depend on the sentence only, and beam search keeps rows within a
+        # sentence's group, so only the growing self-attention caches are reordered.
+        for cache in self.caches:
+            cache.self_attn.reorder(index)
+
+
+class Transformer(Seq2Seq):
+    """Encoder-decoder Transformer with optional (two- or three-way) tied embeddings."""
+
+    def __init__(
+        self,
+        *,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int,
+        attention: dict[str, AttentionSpec],
+        d_model: int = 512,
+        num_heads: int = 8,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        d_ff: int = 2048,
+        dropout: float = 0.1,
+        pre_norm: bool = True,
+        tie_embeddings: bool = True,
+        share_src_tgt_embeddings: bool = False,
+        max_positions: int = 256,
+    ) -> None:
+        super().__init__()
+        self.pad_id, self.max_positions = pad_id, max_positions
+        layer = {
+            "d_model": d_model,
+            "num_heads": num_heads,
+            "d_ff": d_ff,
+            "dropout": dropout,
+            "pre_norm": pre_norm,
+        }
+        self.src_embed = TokenEmbedding(vocab_size=src_vocab_size, d_model=d_model, pad_id=pad_id)
+        if share_src_tgt_embeddings:
+            if src_vocab_size != tgt_vocab_size:
+                raise ValueError(
+                    f"share_src_tgt_embeddings needs one joint vocabulary, got {src_vocab_size} source and "
+                    f"{tgt_vocab_size} target entries"
+                )
+            self.tgt_embed = self.src_embed
+        else:
+            self.tgt_embed = TokenEmbedding(vocab_size=tgt_vocab_size, d_model=d_model, pad_id=pad_id)
+        self.positions = SinusoidalPositions(d_model=d_model, max_len=max_positions)
+        self.embed_dropout = nn.Dropout(dropout)
+        self.encoder = nn.ModuleList(
+            EncoderLayer(**layer, self_attn=attention["encoder_self"]) for _ in range(encoder_layers)
+        )
+        self.decoder = nn.ModuleList(
+            DecoderLayer(**layer, self_attn=attention["decoder_self"], cross_attn=attention["cross"])
+            for _ in range(decoder_layers)
+        )
+        # Pre-LN stacks need a final norm; post-LN outputs are already normalised.
+        self.encoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.output = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        if tie_embeddings:
+            self.output.weight = self.tgt_embed.weight  # Press & Wolf 2017
+        else:
+            nn.init.normal_(self.output.weight, std=d_model**-0.5)
+
+    def embed(self, tokens: Tensor, embedding: TokenEmbedding, offset: int = 0) -> Tensor:
+        return self.embed_dropout(self.positions(embedding(tokens), offset))
+
+    def encode(self, src: Tensor) -> EncoderOutput:
+        mask = padding_mask(src, self.pad_id)  # (B, S)
+        x = self.embed(src, self.src_embed)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        return EncoderOutput(memory=self.encoder_norm(x), mask=mask)
+
+    def decode(self, tgt_in: Tensor, encoded: EncoderOutput) -> Tensor:
+        """Logits (B, T, V) for the whole target prefix at once (training, scoring)."""
+        y = self.embed(tgt_in, self.tgt_embed)
+        for layer in self.decoder:
+            y = layer(y, encoded.memory, encoded.mask)
+        return self.output(self.decoder_norm(y))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.decode(tgt_in, self.encode(src))
+
+    def start_decoding(self, encoded: EncoderOutput) -> TransformerState:
+        caches = [
+            LayerCache(
+                self_attn=KVCache(max_len=layer.self_attn.kernel.cache_window()),
+                cross_attn=KVCache(static=True),
+            )
+            for layer in self.decoder
+        ]
+        return TransformerState(memory=encoded.memory, memory_mask=encoded.mask, caches=caches)
+
+    def decode_step(self, tokens: Tensor, state: TransformerState, need_weights: bool = False) -> Tensor:
+        y = self.embed(tokens[:, None], self.tgt_embed, offset=state.step)  # (B, 1, D)
+        for layer, cache in zip(self.decoder, state.caches, strict=True):
+            y = layer(y, state.memory, state.memory_mask, cache=cache, need_weights=need_weights)
+        state.step += 1
+        logits = self.output(self.decoder_norm(y[:, 0]))  # (B, V)
+        return F.log_softmax(logits.float(), dim=-1)
+
+    @torch.no_grad()
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())

@@ -1,0 +1,153 @@
+"""``train(cfg)``: corpus -> tokenizers -> model -> Lightning fit -> test scores in results.json."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
+
+from app.checkpoint import AtomicCheckpointIO, load_translator
+from app.data.datamodule import TranslationDataModule
+from app.data.sources import load_corpora
+from app.data.tokenizer import SubwordConfig, train_or_load
+from app.lit_module import TranslationModule
+from app.loggers import build_logger
+from app.metrics import corpus_scores
+from app.models import build_model
+from app.translator import SearchSettings
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train the configured model; returns (and writes to ``results.json``) its test-set scores."""
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(cfg.seed, workers=True)
+    if cfg.get("num_threads"):
+        torch.set_num_threads(cfg.num_threads)
+    config = OmegaConf.to_container(cfg, resolve=True)
+
+    corpora = load_corpora(config["data"])
+    src_tok, tgt_tok = train_or_load(
+        src_texts=corpora["train"].src,
+        tgt_texts=corpora["train"].tgt,
+        config=SubwordConfig(**config["data"]["subword"]),
+        cache_dir=Path(config["data"]["cache_dir"]) / "spm",
+        corpus_key=f"{config['data']['src_lang']}-{config['data']['tgt_lang']}",
+    )
+    datamodule = TranslationDataModule(
+        corpora=corpora,
+        src_tokenizer=src_tok,
+        tgt_tokenizer=tgt_tok,
+        max_tokens=cfg.data.max_tokens,
+        max_len=cfg.data.max_len,
+        eval_max_tokens=cfg.data.get("eval_max_tokens"),
+        seed=cfg.seed,
+    )
+    model = build_model(
+        config["model"],
+        config["attention"],
+        src_vocab_size=src_tok.vocab_size,
+        tgt_vocab_size=tgt_tok.vocab_size,
+        pad_id=tgt_tok.pad_id,
+    )
+    log.info("model: %s parameters", f"{model.num_parameters():,}")
+    module = TranslationModule(
+        model=model,
+        src_tokenizer=src_tok,
+        tgt_tokenizer=tgt_tok,
+        config=config,
+        valid_search=SearchSettings(**config["valid_search"]),
+        **config["optim"],
+    )
+    trainer = build_trainer(cfg, run_dir)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, run_dir))
+    if not trainer.is_global_zero:
+        return {}
+    best = trainer.checkpoint_callback.best_model_path or trainer.checkpoint_callback.last_model_path
+    results = evaluate_checkpoint(best, corpora["test"].src, corpora["test"].tgt, cfg)
+    results.update(
+        parameters=model.num_parameters(), global_step=trainer.global_step, epochs=trainer.current_epoch
+    )
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    log.info("test scores: %s", json.dumps(results))
+    return results
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
+    """A Lightning Trainer from ``cfg.trainer`` plus this project's callbacks, logger and checkpoint I/O."""
+    options = OmegaConf.to_container(cfg.trainer, resolve=True)
+    check_trainer_options(options)
+    checkpoints = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints",
+        filename="best",
+        monitor="val/bleu",
+        mode="max",
+        save_last=True,
+        save_top_k=1,
+    )
+    callbacks: list[pl.Callback] = [checkpoints, LearningRateMonitor(logging_interval="step")]
+    if cfg.early_stopping.patience:
+        callbacks.append(
+            EarlyStopping(
+                monitor="val/bleu",
+                mode="max",
+                patience=cfg.early_stopping.patience,
+                check_on_train_epoch_end=False,
+            )
+        )
+    if options.get("enable_progress_bar", True):
+        callbacks.append(RichProgressBar())
+    return pl.Trainer(
+        **options,
+        default_root_dir=run_dir,
+        logger=build_logger(cfg.logger, run_dir),
+        callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,  # the token-bucket sampler shards by rank itself
+    )
+
+
+def check_trainer_options(options: dict[str, Any]) -> None:
+    valid = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    bad = sorted(set(options) - valid)
+    if bad:
+        raise ValueError(f"unknown trainer option(s) {bad}; valid options: {', '.join(sorted(valid))}")
+
+
+def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
+    """``resume=true`` continues from the run's last checkpoint; a path resumes from that file."""
+    resume = cfg.get("resume")
+    if not resume:
+        return None
+    if resume is True:
+        last = run_dir / "checkpoints" / "last.ckpt"
+        if not last.is_file():
+            log.warning("resume=true but %s does not exist: starting from scratch", last)
+            return None
+        return str(last)
+    return str(resume)
+
+
+def evaluate_checkpoint(
+    path: str, sources: list[str], references: list[str], cfg: DictConfig
+) -> dict[str, Any]:
+    """Translate ``sources`` with the checkpoint and score against ``references``."""
+    translator, _ = load_translator(path)
+    settings = SearchSettings(**OmegaConf.to_container(cfg.test_search, resolve=True))
+    hyps = translator.translate(sources, settings)
+    scores = corpus_scores(hyps, references)
+    return {
+        "checkpoint": str(path),
+        "test_set": cfg.data.get("test_name", "test"),
+        "beam": settings.beam,
+        **scores.rounded(prefix="test_"),
+    }

@@ -1,0 +1,111 @@
+"""The ``translate.py`` command line: sentences from arguments, standard input or a file.
+
+Guarantees: exactly one output line per input line, in order; an empty line gives an empty line;
+invalid UTF-8 is replaced (with a warning on stderr) and a line longer than the model accepts is
+truncated (with a warning), never dropped. Lines are split on ``\\n`` only (a trailing ``\\r`` is
+removed), so other Unicode line separators inside a sentence never shift the alignment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO, TextIO
+
+import torch
+
+from app.checkpoint import CheckpointError, load_translator
+from app.translator import SearchSettings, Translator
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Translate sentences with a trained checkpoint.")
+    parser.add_argument("checkpoint", help="a .ckpt written by train.py (self-contained)")
+    parser.add_argument("sentences", nargs="*", help="sentences to translate (default: read input lines)")
+    parser.add_argument("-i", "--input", help="read lines from this file instead of standard input")
+    parser.add_argument("-o", "--output", help="write translations to this file instead of standard output")
+    parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy search (default 5)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default 64)")
+    parser.add_argument("--max-len", type=int, default=256, help="most output subwords per sentence")
+    parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser.parse_args(argv)
+
+
+def decode_lines(raw: BinaryIO, warn: TextIO) -> Iterator[str]:
+    """Lines of a byte stream as text, split on b'\\n' only; bad UTF-8 is replaced with a warning."""
+    for number, line in enumerate(raw, start=1):
+        line = line.removesuffix(b"\n").removesuffix(b"\r")
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError:
+            print(f"warning: line {number}: invalid UTF-8 replaced with U+FFFD", file=warn)
+            yield line.decode("utf-8", errors="replace")
+
+
+def chunks(lines: Iterable[str], size: int, flush_each: bool) -> Iterator[list[str]]:
+    """Groups of ``size`` lines; single lines when interactive so each answer comes at once."""
+    group: list[str] = []
+    for line in lines:
+        group.append(line)
+        if flush_each or len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def translate_stream(
+    translator: Translator,
+    lines: Iterable[str],
+    out: TextIO,
+    settings: SearchSettings,
+    *,
+    interactive: bool = False,
+) -> int:
+    """Translate ``lines`` to ``out``, one line each; returns how many lines were written."""
+    written = 0
+    for group in chunks(lines, settings.batch_size * 8, flush_each=interactive):
+        offset = written
+
+        def warn_truncated(index: int, length: int, offset: int = offset) -> None:
+            print(
+                f"warning: line {offset + index + 1}: {length} subwords exceed the model's limit of "
+                f"{translator.max_source_tokens}; truncated",
+                file=sys.stderr,
+            )
+
+        for text in translator.translate(group, settings, on_truncate=warn_truncated):
+            out.write(text.replace("\n", " ") + "\n")
+            written += 1
+        out.flush()
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = SearchSettings(
+            beam=args.beam, alpha=args.length_penalty, max_len=args.max_len, batch_size=args.batch_size
+        )
+        translator, _ = load_translator(args.checkpoint, device=args.device)
+    except (CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.sentences:
+        lines: Iterable[str] = [s.replace("\n", " ") for s in args.sentences]
+        interactive = False
+    elif args.input:
+        lines = decode_lines(open(args.input, "rb"), sys.stderr)  # noqa: SIM115 (closed at exit)
+        interactive = False
+    else:
+        lines = decode_lines(sys.stdin.buffer, sys.stderr)
+        interactive = sys.stdin.isatty()
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    try:
+        translate_stream(translator, lines, out, settings, interactive=interactive)
+    finally:
+        if args.output:
+            out.close()
+    return 0

@@ -1,0 +1,130 @@
+"""Sentences in, sentences out: tokenization, batching by length, search, detokenization.
+
+Used by validation during training and by ``translate.py``. Order is always kept, an empty input
+gives an empty output, and a source longer than the model accepts is truncated (reported through
+``on_truncate``), never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from app.data.tokenizer import Tokenizer
+from app.decoding import beam_search, greedy_search, output_limits
+from app.models.seq2seq import Seq2Seq
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    beam: int = 5  # 1 = greedy search
+    alpha: float = 0.6  # GNMT length penalty exponent (beam search only)
+    max_len: int = 256  # hard cap on output tokens
+    len_ratio: float = 1.5  # per-sentence cap: len_ratio * source tokens + len_extra
+    len_extra: int = 10
+    batch_size: int = 64  # sentences per search batch
+
+    def __post_init__(self) -> None:
+        if self.beam < 1 or self.batch_size < 1 or self.max_len < 1:
+            raise ValueError(
+                f"beam ({self.beam}), batch_size ({self.batch_size}) and max_len ({self.max_len}) "
+                "must all be >= 1"
+            )
+
+
+class Translator:
+    """A trained model with its tokenizers, ready to translate text."""
+
+    def __init__(self, model: Seq2Seq, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer) -> None:
+        self.model = model
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def max_source_tokens(self) -> int:
+        """Subword tokens a source may have before EOS is appended."""
+        return self.model.max_positions - 1
+
+    def encode_sources(
+        self, sentences: list[str], on_truncate: Callable[[int, int], None] | None = None
+    ) -> list[list[int]]:
+        """Source ids with EOS, truncated to the model's limit (``on_truncate(index, length)``)."""
+        encoded = self.src_tokenizer.encode(sentences)
+        limit, eos = self.max_source_tokens, self.src_tokenizer.eos_id
+        for index, ids in enumerate(encoded):
+            if len(ids) > limit:
+                if on_truncate:
+                    on_truncate(index, len(ids))
+                encoded[index] = ids[:limit]
+        return [[*ids, eos] for ids in encoded]
+
+    def translate(
+        self,
+        sentences: list[str],
+        settings: SearchSettings,
+        on_truncate: Callable[[int, int], None] | None = None,
+    ) -> list[str]:
+        """One translation per sentence, in order; blank sentences translate to ''."""
+        outputs = [""] * len(sentences)
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        sources = self.encode_sources(
+            [sentences[i] for i in todo],
+            on_truncate=(lambda j, n: on_truncate(todo[j], n)) if on_truncate else None,
+        )
+        hyps = self.translate_ids(sources, settings)
+        for index, text in zip(todo, self.tgt_tokenizer.decode(hyps), strict=True):
+            outputs[index] = text
+        return outputs
+
+    @torch.no_grad()
+    def translate_ids(self, sources: list[list[int]], settings: SearchSettings) -> list[list[int]]:
+        """Search for every source (ids incl. EOS); batches of similar length, results in input order."""
+        was_training = self.model.training
+        self.model.eval()
+        results: list[list[int]] = [[] for _ in sources]
+        for batch_ids in length_sorted_batches(sources, settings.batch_size):
+            src = pad_batch([sources[i] for i in batch_ids], self.src_tokenizer.pad_id).to(self.device)
+            for index, hyp in zip(batch_ids, self.search(src, settings), strict=True):
+                results[index] = hyp
+        self.model.train(was_training)
+        return results
+
+    def search(self, src: torch.Tensor, settings: SearchSettings) -> list[list[int]]:
+        tok = self.tgt_tokenizer
+        limits = output_limits(
+            src,
+            self.src_tokenizer.pad_id,
+            max_len=min(settings.max_len, self.model.max_positions),
+            ratio=settings.len_ratio,
+            extra=settings.len_extra,
+        )
+        common = {
+            "bos_id": tok.bos_id,
+            "eos_id": tok.eos_id,
+            "limits": limits,
+            "banned": (tok.pad_id, tok.bos_id),
+        }
+        if settings.beam == 1:
+            return greedy_search(self.model, src, **common)
+        return beam_search(self.model, src, beam_size=settings.beam, alpha=settings.alpha, **common)
+
+
+def length_sorted_batches(sequences: list[list[int]], batch_size: int) -> Iterator[list[int]]:
+    """Indices of ``sequences`` in batches of similar length (less padding, same results)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    for start in range(0, len(order), batch_size):
+        yield order[start : start + batch_size]
+
+
+def pad_batch(sequences: list[list[int]], pad_id: int) -> torch.Tensor:
+    """(B, max_len) long tensor, right-padded with ``pad_id``."""
+    width = max(len(s) for s in sequences)
+    batch = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        batch[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return batch

@@ -1,0 +1,58 @@
+#!/usr/bin/env python
+"""Prepare Multi30k task-1 text as data/multi30k/{split}.{lang} (decompressed, one sentence per line).
+
+Examples:
+    python scripts/prepare_data.py --source ../shared/data/multi30k    # from local .gz files (offline)
+    python scripts/prepare_data.py --langs de en                       # download the official files
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # allow running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
+
+from app.data.multi30k import LANGS, DownloadError, Multi30kError, SplitSummary, prepare_multi30k  # noqa: E402
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--source", type=Path, default=None, help="directory with {split}.{lang}.gz files")
+    parser.add_argument("--out", type=Path, default=Path("data/multi30k"), help="output directory")
+    parser.add_argument(
+        "--langs", nargs="+", default=list(LANGS), help=f"languages (default: {' '.join(LANGS)})"
+    )
+    parser.add_argument("--force", action="store_true", help="re-fetch and rewrite existing files")
+    return parser.parse_args(argv)
+
+
+def format_summary(summaries: Sequence[SplitSummary]) -> str:
+    """A small aligned table: split, lines, files written, files skipped."""
+    rows = [("split", "lines", "written", "skipped")]
+    rows += [(s.split, str(s.lines), str(s.written), str(s.skipped)) for s in summaries]
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    lines = ("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        summaries = prepare_multi30k(args.out, source=args.source, langs=args.langs, force=args.force)
+    except (Multi30kError, DownloadError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"Multi30k ({', '.join(args.langs)}) in {args.out}:")
+    print(format_summary(summaries))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
