@@ -17,6 +17,7 @@ from app.checkpoint import AtomicCheckpointIO, load_translator
 from app.data.datamodule import TranslationDataModule
 from app.data.sources import load_corpora
 from app.data.tokenizer import SubwordConfig, train_or_load
+from app.hardware import resolve_precision
 from app.lit_module import TranslationModule
 from app.loggers import build_logger
 from app.metrics import corpus_scores
@@ -86,6 +87,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     """A Lightning Trainer from ``cfg.trainer`` plus this project's callbacks, logger and checkpoint I/O."""
     options = OmegaConf.to_container(cfg.trainer, resolve=True)
     check_trainer_options(options)
+    options["precision"] = resolve_precision(options.get("precision", "32-true"), str(options.get("accelerator")))
     checkpoints = ModelCheckpoint(
         dirpath=run_dir / "checkpoints",
         filename="best",

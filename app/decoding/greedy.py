@@ -34,14 +34,19 @@ def greedy_search(
 
 
 def constrain(log_probs: Tensor, step: int, limits: Tensor, eos_id: int, banned: tuple[int, ...]) -> Tensor:
-    """Rule out ``banned`` ids; rows whose output reaches its length limit at ``step`` may only choose EOS."""
+    """Rule out ``banned`` ids; rows whose output reaches its length limit at ``step`` may only choose EOS.
+
+    A forced EOS keeps the model's log-probability, so beam search scores a hypothesis cut at its
+    limit like any other (a free EOS would favour hypotheses the model did not want to end).
+    """
+    eos_log_probs = log_probs[:, eos_id]
     if banned:
         log_probs = log_probs.index_fill(1, torch.tensor(banned, device=log_probs.device), float("-inf"))
     at_limit = limits.to(log_probs.device) == step + 1  # (B,)
     if not bool(at_limit.any()):
         return log_probs
     only_eos = torch.full_like(log_probs, float("-inf"))
-    only_eos[:, eos_id] = 0.0
+    only_eos[:, eos_id] = eos_log_probs
     return torch.where(at_limit[:, None], only_eos, log_probs)
 
 

@@ -19,10 +19,15 @@ from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
 
 
 class FeedForward(nn.Sequential):
-    """Position-wise FFN, section 3.3: Linear -> ReLU -> dropout -> Linear."""
+    """Position-wise FFN, section 3.3: Linear -> ReLU -> (dropout) -> Linear.
+
+    The paper applies dropout only to sublayer outputs; ``dropout`` here is the optional extra one on
+    the inner activations, off by default (a 4x wider tensor, and random masks are costly on CPU).
+    """
 
     def __init__(self, *, d_model: int, d_ff: int, dropout: float) -> None:
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+        inner = [nn.Dropout(dropout)] if dropout > 0 else []
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), *inner, nn.Linear(d_ff, d_model))
 
 
 class Residual(nn.Module):
@@ -48,12 +53,13 @@ class EncoderLayer(nn.Module):
         num_heads: int,
         d_ff: int,
         dropout: float,
+        activation_dropout: float,
         pre_norm: bool,
         self_attn: AttentionSpec,
     ) -> None:
         super().__init__()
         self.self_attn = build_attention(self_attn, site="encoder_self", d_model=d_model, num_heads=num_heads)
-        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=dropout)
+        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=activation_dropout)
         self.attn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
         self.ffn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
 
@@ -76,6 +82,7 @@ class DecoderLayer(nn.Module):
         num_heads: int,
         d_ff: int,
         dropout: float,
+        activation_dropout: float,
         pre_norm: bool,
         self_attn: AttentionSpec,
         cross_attn: AttentionSpec,
@@ -83,7 +90,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = build_attention(self_attn, site="decoder_self", d_model=d_model, num_heads=num_heads)
         self.cross_attn = build_attention(cross_attn, site="cross", d_model=d_model, num_heads=num_heads)
-        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=dropout)
+        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=activation_dropout)
         self.self_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
         self.cross_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
         self.ffn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
@@ -142,6 +149,7 @@ class Transformer(Seq2Seq):
         decoder_layers: int = 6,
         d_ff: int = 2048,
         dropout: float = 0.1,
+        activation_dropout: float = 0.0,
         pre_norm: bool = True,
         tie_embeddings: bool = True,
         share_src_tgt_embeddings: bool = False,
@@ -154,6 +162,7 @@ class Transformer(Seq2Seq):
             "num_heads": num_heads,
             "d_ff": d_ff,
             "dropout": dropout,
+            "activation_dropout": activation_dropout,
             "pre_norm": pre_norm,
         }
         self.src_embed = TokenEmbedding(vocab_size=src_vocab_size, d_model=d_model, pad_id=pad_id)

@@ -1,0 +1,159 @@
+"""Shared fixtures: the Multi30k location, a small sentencepiece model, tiny random Transformers."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from app.attention.factory import site_specs
+from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
+from app.models import Transformer, build_model
+from app.translator import SearchSettings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# The models here are tiny: one thread is faster than several fighting over shared cores
+# (on a busy 2-core machine the default thread pool made these tests about 20x slower).
+torch.set_num_threads(1)
+
+# A tiny model: small enough that a whole test file runs in seconds on two CPU cores.
+TINY_MODEL: dict[str, Any] = {
+    "family": "transformer",
+    "d_model": 32,
+    "num_heads": 4,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "d_ff": 64,
+    "dropout": 0.1,
+    "pre_norm": True,
+    "tie_embeddings": True,
+    "share_src_tgt_embeddings": False,
+    "max_positions": 64,
+}
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """The Multi30k release (gzipped files); ``MULTI30K_DIR`` overrides ``../shared/data/multi30k``."""
+    path = (REPO_ROOT / os.environ.get("MULTI30K_DIR", "../shared/data/multi30k")).resolve()
+    if not (path / "train.de.gz").is_file():
+        pytest.skip(f"Multi30k not found at {path} (set MULTI30K_DIR)")
+    return path
+
+
+def read_gz_lines(path: Path, limit: int) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return [line.rstrip("\n") for _, line in zip(range(limit), handle, strict=False)]
+
+
+@pytest.fixture(scope="session")
+def multi30k_slice(multi30k_dir: Path) -> tuple[list[str], list[str]]:
+    """The first 500 German and English training sentences."""
+    return read_gz_lines(multi30k_dir / "train.de.gz", 500), read_gz_lines(multi30k_dir / "train.en.gz", 500)
+
+
+@pytest.fixture(scope="session")
+def spm_tokenizer(
+    multi30k_slice: tuple[list[str], list[str]], tmp_path_factory: pytest.TempPathFactory
+) -> Tokenizer:
+    """A joint de+en unigram model with 200 pieces, trained on the slice."""
+    src, tgt = multi30k_slice
+    tokenizer, _ = train_or_load(
+        src_texts=src,
+        tgt_texts=tgt,
+        config=SubwordConfig(vocab_size=200),
+        cache_dir=tmp_path_factory.mktemp("spm"),
+        corpus_key="m30k-test",
+    )
+    return tokenizer
+
+
+def build_tiny_transformer(
+    *,
+    src_vocab_size: int = 40,
+    tgt_vocab_size: int = 40,
+    pad_id: int = 0,
+    seed: int = 0,
+    attention: dict[str, Any] | None = None,
+    **model: Any,
+) -> Transformer:
+    """A tiny randomly initialised Transformer in eval mode (``model`` overrides :data:`TINY_MODEL`)."""
+    torch.manual_seed(seed)
+    options = {**TINY_MODEL, **model}
+    options.pop("family")
+    net = Transformer(
+        src_vocab_size=src_vocab_size,
+        tgt_vocab_size=tgt_vocab_size,
+        pad_id=pad_id,
+        attention=site_specs(attention or {"kernel": "eager"}),
+        **options,
+    )
+    return net.eval()
+
+
+@pytest.fixture
+def tiny_transformer() -> Transformer:
+    """A tiny random Transformer (vocabulary of 40 ids on both sides, pad id 0), in eval mode."""
+    return build_tiny_transformer()
+
+
+@pytest.fixture(scope="session")
+def make_transformer() -> Callable[..., Transformer]:
+    """:func:`build_tiny_transformer`, for tests that need several differently configured models."""
+    return build_tiny_transformer
+
+
+def write_checkpoint(
+    path: Path,
+    tokenizer: Tokenizer,
+    *,
+    model_cfg: dict[str, Any],
+    attention_cfg: dict[str, Any],
+    seed: int = 0,
+) -> torch.nn.Module:
+    """Save a random model as a checkpoint in the layout ``app.checkpoint.load_translator`` reads.
+
+    Mirrors what Lightning writes plus ``TranslationModule.on_save_checkpoint``: weights under
+    ``state_dict`` with a ``model.`` prefix, and the run config and tokenizers under CHECKPOINT_KEY.
+    """
+    from app.checkpoint import save_atomically  # imports Lightning: only for tests that need it
+    from app.lit_module import CHECKPOINT_KEY
+
+    torch.manual_seed(seed)
+    model = build_model(
+        model_cfg,
+        attention_cfg,
+        src_vocab_size=tokenizer.vocab_size,
+        tgt_vocab_size=tokenizer.vocab_size,
+        pad_id=tokenizer.pad_id,
+    ).eval()
+    checkpoint = {
+        "epoch": 0,
+        "global_step": 0,
+        "state_dict": {f"model.{name}": value for name, value in model.state_dict().items()},
+        CHECKPOINT_KEY: {
+            "config": {"model": model_cfg, "attention": attention_cfg},
+            "src_spm": tokenizer.to_bytes(),
+            "tgt_spm": tokenizer.to_bytes(),
+            "valid_search": asdict(SearchSettings(beam=1)),
+        },
+    }
+    save_atomically(checkpoint, path)
+    return model
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(spm_tokenizer: Tokenizer) -> Callable[..., torch.nn.Module]:
+    """``write_checkpoint`` bound to the session's sentencepiece model."""
+
+    def write(path: Path, **kwargs: Any) -> torch.nn.Module:
+        return write_checkpoint(path, spm_tokenizer, **kwargs)
+
+    return write
