@@ -42,7 +42,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad, None, None, None
 
 
-def label_smoothed_nll(logits: Tensor, target: Tensor, *, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
+def label_smoothed_nll(
+    logits: Tensor, target: Tensor, *, epsilon: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
     """Summed smoothed loss and summed plain NLL over non-padding targets.
 
     ``logits`` (B, T, V), ``target`` (B, T). The smoothed target puts 1 - epsilon on the reference

@@ -16,7 +16,9 @@ class Scores:
 
     def rounded(self, prefix: str = "") -> dict[str, float | str]:
         values = {"bleu": self.bleu, "bleu_lc": self.bleu_lc, "chrf": self.chrf}
-        return {f"{prefix}{k}": round(v, 2) for k, v in values.items()} | {f"{prefix}signature": self.signature}
+        return {f"{prefix}{k}": round(v, 2) for k, v in values.items()} | {
+            f"{prefix}signature": self.signature
+        }
 
 
 def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:

@@ -87,7 +87,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     """A Lightning Trainer from ``cfg.trainer`` plus this project's callbacks, logger and checkpoint I/O."""
     options = OmegaConf.to_container(cfg.trainer, resolve=True)
     check_trainer_options(options)
-    options["precision"] = resolve_precision(options.get("precision", "32-true"), str(options.get("accelerator")))
+    options["precision"] = resolve_precision(
+        options.get("precision", "32-true"), str(options.get("accelerator"))
+    )
     checkpoints = ModelCheckpoint(
         dirpath=run_dir / "checkpoints",
         filename="best",
