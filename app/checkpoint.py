@@ -86,6 +86,11 @@ def load_translator(
     weights = {
         k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
     }
-    model.load_state_dict(weights)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:  # e.g. written by a version whose layer layout differed
+        raise CheckpointError(
+            f"{path}: the weights do not fit the model its config describes ({err})"
+        ) from err
     model.to(device).eval()
     return Translator(model, src_tok, tgt_tok), config

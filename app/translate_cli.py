@@ -30,7 +30,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-len", type=int, default=256, help="most output subwords per sentence")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return parser.parse_args(argv)
+    # Intermixed: sentences may follow options (`CKPT --beam 1 "..."`), which plain parse_args rejects.
+    return parser.parse_intermixed_args(argv)
 
 
 def decode_lines(raw: BinaryIO, warn: TextIO) -> Iterator[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,6 @@ from app.models import Transformer, build_model
 from app.translator import SearchSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# The models here are tiny: one thread is faster than several fighting over shared cores
-# (on a busy 2-core machine the default thread pool made these tests about 20x slower).
-torch.set_num_threads(1)
 
 # A tiny model: small enough that a whole test file runs in seconds on two CPU cores.
 TINY_MODEL: dict[str, Any] = {
@@ -37,6 +33,20 @@ TINY_MODEL: dict[str, Any] = {
     "share_src_tgt_embeddings": False,
     "max_positions": 64,
 }
+
+
+@pytest.fixture(scope="module")
+def single_torch_thread() -> Iterator[None]:
+    """One torch thread while a module's tests run (``pytestmark = usefixtures(...)``).
+
+    The models in these tests are tiny: on a busy two-core machine PyTorch's default thread pool made
+    them about 20x slower. The setting is restored afterwards, so tests that train real models in
+    this process keep every core.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -117,8 +127,9 @@ def write_checkpoint(
     model_cfg: dict[str, Any],
     attention_cfg: dict[str, Any],
     seed: int = 0,
+    prepare: Callable[[torch.nn.Module], None] | None = None,
 ) -> torch.nn.Module:
-    """Save a random model as a checkpoint in the layout ``app.checkpoint.load_translator`` reads.
+    """Save a random model (changed by ``prepare`` if given) as a checkpoint ``load_translator`` reads.
 
     Mirrors what Lightning writes plus ``TranslationModule.on_save_checkpoint``: weights under
     ``state_dict`` with a ``model.`` prefix, and the run config and tokenizers under CHECKPOINT_KEY.
@@ -133,7 +144,10 @@ def write_checkpoint(
         src_vocab_size=tokenizer.vocab_size,
         tgt_vocab_size=tokenizer.vocab_size,
         pad_id=tokenizer.pad_id,
-    ).eval()
+    )
+    if prepare is not None:
+        prepare(model)
+    model.eval()
     checkpoint = {
         "epoch": 0,
         "global_step": 0,
@@ -151,7 +165,7 @@ def write_checkpoint(
 
 @pytest.fixture(scope="session")
 def checkpoint_factory(spm_tokenizer: Tokenizer) -> Callable[..., torch.nn.Module]:
-    """``write_checkpoint`` bound to the session's sentencepiece model."""
+    """:func:`write_checkpoint` bound to the session's sentencepiece model."""
 
     def write(path: Path, **kwargs: Any) -> torch.nn.Module:
         return write_checkpoint(path, spm_tokenizer, **kwargs)

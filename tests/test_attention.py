@@ -24,6 +24,8 @@ from app.attention import registry as registry_module
 from app.attention.factory import SITES, AttentionSpec, build_attention, site_specs
 from app.attention.kernels.eager import EagerAttention
 
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
 KERNELS = available_kernels()
 
 

@@ -21,6 +21,8 @@ from app.models import build_model
 from app.training import check_trainer_options
 from app.translator import SearchSettings
 
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 OPTIONS = [(group, p.stem) for group in GROUPS for p in sorted((CONF_DIR / group).glob("*.yaml"))]

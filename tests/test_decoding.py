@@ -1,9 +1,11 @@
-"""Tests for app.decoding: greedy and beam search over a tiny random Transformer, limits, length penalty."""
+"""Tests for app.decoding: greedy and beam search, output limits, banned ids and the length penalty."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -12,6 +14,9 @@ import torch.nn.functional as F
 from app.decoding import beam_search, greedy_search, output_limits
 from app.decoding.beam import length_penalty
 from app.models import Transformer
+from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 VOCAB = 20
@@ -43,11 +48,21 @@ def source_lengths(src: torch.Tensor) -> list[int]:
     return (src != PAD).sum(dim=1).tolist()
 
 
-def greedy(model: Transformer, src: torch.Tensor, limits: torch.Tensor, banned=BANNED) -> list[list[int]]:
+def greedy(
+    model: Seq2Seq, src: torch.Tensor, limits: torch.Tensor, banned: tuple[int, ...] = BANNED
+) -> list[list[int]]:
     return greedy_search(model, src, bos_id=BOS, eos_id=EOS, limits=limits, banned=banned)
 
 
-def beam(model, src, limits, *, k: int, alpha: float = 0.6, banned=BANNED) -> list[list[int]]:
+def beam(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    limits: torch.Tensor,
+    *,
+    k: int,
+    alpha: float = 0.6,
+    banned: tuple[int, ...] = BANNED,
+) -> list[list[int]]:
     return beam_search(
         model, src, beam_size=k, bos_id=BOS, eos_id=EOS, limits=limits, alpha=alpha, banned=banned
     )
@@ -212,3 +227,81 @@ def test_wider_beam_scores_at_least_as_well_as_greedy(
     at_least = [b >= g - 1e-5 for b, g in zip(beam_scores, greedy_scores, strict=True)]
     assert sum(at_least) >= 0.8 * len(src)
     assert sum(beam_scores) > sum(greedy_scores)
+
+
+# --- a scripted model: exact next-token probabilities, so search results can be worked out by hand ------
+
+
+@dataclass
+class PrefixState(DecoderState):
+    prefixes: list[tuple[int, ...] | None]  # tokens decoded so far per row (None before the BOS step)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.prefixes = [self.prefixes[i] for i in index.tolist()]
+
+
+class ScriptedModel(Seq2Seq):
+    """Ignores the source; p(next | prefix) comes from ``table`` (prefixes not in it end with EOS)."""
+
+    pad_id, max_positions = PAD, 64
+
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]], vocab: int = 6) -> None:
+        super().__init__()
+        self.table, self.vocab = table, vocab
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode(self, src: torch.Tensor) -> EncoderOutput:
+        return EncoderOutput(
+            memory=torch.zeros(src.size(0), 1, 1), mask=torch.ones(src.size(0), 1, dtype=torch.bool)
+        )
+
+    def start_decoding(self, encoded: EncoderOutput) -> PrefixState:
+        return PrefixState([None] * encoded.memory.size(0))
+
+    def decode_step(self, tokens: torch.Tensor, state: PrefixState) -> torch.Tensor:
+        rows = []
+        for row, token in enumerate(tokens.tolist()):
+            prefix = state.prefixes[row]
+            state.prefixes[row] = prefix = () if prefix is None else (*prefix, token)
+            log_probs = torch.full((self.vocab,), float("-inf"))
+            for next_token, prob in self.table.get(prefix, {EOS: 1.0}).items():
+                log_probs[next_token] = math.log(prob)
+            rows.append(log_probs)
+        return torch.stack(rows)
+
+
+A, B = 4, 5
+
+
+def test_beam_finds_what_greedy_misses() -> None:
+    # Greedy takes A (0.6), then A (0.36) and EOS: 0.216. The best output is B then EOS: 0.4 * 0.9 = 0.36.
+    model = ScriptedModel(
+        {
+            (): {A: 0.6, B: 0.4},
+            (A,): {A: 0.36, B: 0.34, EOS: 0.3},
+            (B,): {EOS: 0.9, A: 0.1},
+        }
+    )
+    src, limits = torch.tensor([[A, EOS], [B, EOS]]), torch.tensor([10, 10])
+    assert greedy(model, src, limits) == [[A, A], [A, A]]
+    assert beam(model, src, limits, k=2, alpha=0.0) == [[B], [B]]
+    assert beam(model, src, limits, k=1, alpha=0.0) == [[A, A], [A, A]]
+
+
+@pytest.mark.parametrize(("alpha", "expected"), [(0.0, []), (1.0, []), (2.0, [A])])
+def test_length_penalty_decides_between_short_and_long(alpha: float, expected: list[int]) -> None:
+    # log p([] + EOS) = -1 and log p([A] + EOS) = -1.18; normalised by ((5 + |Y|) / 6) ** alpha with |Y|
+    # counting EOS: alpha = 1 gives -1 vs -1.18 / (7/6) = -1.011, alpha = 2 gives -1 vs -0.867.
+    p_eos = math.exp(-1.0)
+    p_a = 0.5
+    p_a_eos = math.exp(-1.18) / p_a
+    model = ScriptedModel(
+        {
+            (): {EOS: p_eos, A: p_a, B: 1 - p_eos - p_a},
+            (A,): {EOS: p_a_eos, B: 1 - p_a_eos},
+        }
+    )
+    src, limits = torch.tensor([[A, EOS]]), torch.tensor([10])
+    assert beam(model, src, limits, k=4, alpha=alpha) == [expected]

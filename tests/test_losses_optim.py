@@ -12,6 +12,8 @@ from app.losses import label_smoothed_nll
 from app.models import Transformer
 from app.optim import build_optimizer, inverse_sqrt_factor
 
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
 PAD = 0
 
 

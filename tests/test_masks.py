@@ -7,6 +7,8 @@ import torch
 
 from app.attention import attention_mask, causal_mask, padding_mask
 
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
 
 def test_padding_mask_marks_real_tokens() -> None:
     tokens = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0]])

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from app.models import Transformer
 from app.models.embeddings import sinusoid_table
 
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
 BOS, EOS, PAD = 2, 3, 0
 MakeTransformer = Callable[..., Transformer]  # the conftest fixture's type
 

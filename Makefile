@@ -1,0 +1,44 @@
+# One obvious way to run everything. `make help` lists the targets.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A local copy of the Multi30k release; without it, prepare_data.py downloads the official files.
+MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
+RUN_DIR ?= runs/quickstart
+
+.PHONY: help install data demo test test-all lint format bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+install: $(VENV)/.installed  ## create the venv: torch 2.13.0 (CPU build) first, then the project
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+data: install  ## prepare Multi30k under data/multi30k (copy from MULTI30K_SOURCE or download)
+	$(PY) scripts/prepare_data.py $(if $(MULTI30K_SOURCE),--source $(MULTI30K_SOURCE))
+
+demo: data  ## the main job: train the quickstart experiment (<= 10 min on 2 CPU cores), then translate
+	$(PY) train.py experiment=quickstart hydra.run.dir=$(RUN_DIR)
+	$(PY) translate.py $(RUN_DIR)/checkpoints/best.ckpt "Ein Mann fährt mit dem Fahrrad." "Zwei Hunde spielen im Schnee."
+
+test: install  ## the default test suite (fast; no slow-marked tests)
+	$(PY) -m pytest -q
+
+test-all: install  ## every test, slow ones included
+	$(PY) -m pytest -q -m "slow or not slow"
+
+lint: install  ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install  ## apply ruff fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:  ## remove caches and run outputs (keeps data/ and the venv)
+	rm -rf outputs multirun .pytest_cache .ruff_cache
