@@ -14,16 +14,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_lightning.plugins import TorchCheckpointIO
 
 from app.data.tokenizer import Tokenizer
-from app.lit_module import CHECKPOINT_KEY
 from app.models import build_model
 from app.translator import Translator
+
+CHECKPOINT_KEY = "translation"  # where a checkpoint keeps the run config and the tokenizer models
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupted or from another program."""
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -35,6 +41,7 @@ def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_current_umask())  # mkstemp makes 0600; follow the umask like open() does
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -43,13 +50,6 @@ def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoint I/O that never leaves a partial checkpoint behind."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        save_atomically(checkpoint, path)
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from app.checkpoint import CHECKPOINT_KEY
 from app.data.batch import Batch
 from app.data.tokenizer import Tokenizer
 from app.losses import label_smoothed_nll
@@ -19,8 +20,6 @@ from app.metrics import corpus_scores
 from app.models.seq2seq import Seq2Seq
 from app.optim import build_optimizer
 from app.translator import SearchSettings, Translator
-
-CHECKPOINT_KEY = "translation"  # where checkpoints keep the config and tokenizer models
 
 
 class TranslationModule(pl.LightningModule):

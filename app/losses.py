@@ -28,8 +28,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         smooth = -log_probs.mean(dim=-1) * keep
         ctx.save_for_backward(log_probs, target, keep)
         ctx.epsilon = epsilon
-        ctx.mark_non_differentiable(nll)
-        return (1.0 - epsilon) * nll.sum() + epsilon * smooth.sum(), nll.sum()
+        nll_sum = nll.sum()
+        ctx.mark_non_differentiable(nll_sum)
+        return (1.0 - epsilon) * nll_sum + epsilon * smooth.sum(), nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:

@@ -13,7 +13,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
-from app.checkpoint import AtomicCheckpointIO, load_translator
+from app.checkpoint import load_translator
+from app.checkpoint_io import AtomicCheckpointIO
 from app.data.datamodule import TranslationDataModule
 from app.data.sources import load_corpora
 from app.data.tokenizer import SubwordConfig, train_or_load

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from typing import BinaryIO, TextIO
 
 import torch
@@ -94,19 +95,25 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.sentences:
-        lines: Iterable[str] = [s.replace("\n", " ") for s in args.sentences]
-        interactive = False
-    elif args.input:
-        lines = decode_lines(open(args.input, "rb"), sys.stderr)  # noqa: SIM115 (closed at exit)
-        interactive = False
-    else:
-        lines = decode_lines(sys.stdin.buffer, sys.stderr)
-        interactive = sys.stdin.isatty()
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
-    try:
-        translate_stream(translator, lines, out, settings, interactive=interactive)
-    finally:
+    with ExitStack() as stack:
+        lines = input_lines(args, stack)
         if args.output:
-            out.close()
+            out: TextIO = stack.enter_context(open(args.output, "w", encoding="utf-8"))
+        else:
+            sys.stdout.reconfigure(encoding="utf-8")  # translations may hold any character
+            out = sys.stdout
+        interactive = not args.sentences and not args.input and sys.stdin.isatty()
+        translate_stream(translator, lines, out, settings, interactive=interactive)
     return 0
+
+
+def input_lines(args: argparse.Namespace, stack: ExitStack) -> Iterable[str]:
+    """The sentences given as arguments, else the lines of ``-i FILE``, else standard input."""
+    if args.sentences:
+        return [s.replace("\n", " ") for s in args.sentences]
+    if args.input:
+        try:
+            return decode_lines(stack.enter_context(open(args.input, "rb")), sys.stderr)
+        except OSError as err:
+            raise SystemExit(f"error: cannot read {args.input}: {err.strerror}") from err
+    return decode_lines(sys.stdin.buffer, sys.stderr)

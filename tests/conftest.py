@@ -134,8 +134,10 @@ def write_checkpoint(
     Mirrors what Lightning writes plus ``TranslationModule.on_save_checkpoint``: weights under
     ``state_dict`` with a ``model.`` prefix, and the run config and tokenizers under CHECKPOINT_KEY.
     """
-    from app.checkpoint import save_atomically  # imports Lightning: only for tests that need it
-    from app.lit_module import CHECKPOINT_KEY
+    from app.checkpoint import (
+        CHECKPOINT_KEY,
+        save_atomically,  # imports Lightning: only for tests that need it
+    )
 
     torch.manual_seed(seed)
     model = build_model(

@@ -9,14 +9,15 @@ import pytest
 import torch
 
 from app import checkpoint as checkpoint_module
+from app import checkpoint_io
 from app.checkpoint import (
-    AtomicCheckpointIO,
+    CHECKPOINT_KEY,
     CheckpointError,
     load_translator,
     read_checkpoint,
     save_atomically,
 )
-from app.lit_module import CHECKPOINT_KEY
+from app.checkpoint_io import AtomicCheckpointIO
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -75,7 +76,7 @@ def test_lightning_checkpoint_io_saves_atomically(tmp_path: Path, monkeypatch: p
         calls.append(Path(path))
         original(obj, path)
 
-    monkeypatch.setattr(checkpoint_module, "save_atomically", spy)
+    monkeypatch.setattr(checkpoint_io, "save_atomically", spy)
     AtomicCheckpointIO().save_checkpoint({"state_dict": {}}, tmp_path / "last.ckpt")
     assert calls == [tmp_path / "last.ckpt"]
     assert torch.load(tmp_path / "last.ckpt") == {"state_dict": {}}

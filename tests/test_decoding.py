@@ -239,6 +239,9 @@ class PrefixState(DecoderState):
     def reorder(self, index: torch.Tensor) -> None:
         self.prefixes = [self.prefixes[i] for i in index.tolist()]
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.reorder(index)
+
 
 class ScriptedModel(Seq2Seq):
     """Ignores the source; p(next | prefix) comes from ``table`` (prefixes not in it end with EOS)."""

@@ -32,6 +32,48 @@ class Finished:
         return max(self.hyps, key=lambda h: h[0])[1] if self.hyps else []
 
 
+@dataclass
+class Beams:
+    """The live hypotheses of the sentences still being searched: K rows per sentence."""
+
+    sentence: Tensor  # (b,) original batch position of each live sentence
+    scores: Tensor  # (b, K) summed log-probabilities
+    tokens: Tensor  # (b*K,) last token of each row
+    history: Tensor  # (b*K, t) tokens so far, BOS excluded
+    limits: Tensor  # (b*K,) most output tokens per row
+
+    @classmethod
+    def start(cls, limits: Tensor, k: int, bos_id: int) -> Beams:
+        batch, device = limits.size(0), limits.device
+        scores = torch.full((batch, k), float("-inf"), device=device)
+        scores[:, 0] = 0.0  # all beams start identical: keep one alive
+        return cls(
+            sentence=torch.arange(batch, device=device),
+            scores=scores,
+            tokens=torch.full((batch * k,), bos_id, dtype=torch.long, device=device),
+            history=torch.empty(batch * k, 0, dtype=torch.long, device=device),
+            limits=limits.repeat_interleave(k),
+        )
+
+    def advance(self, cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, eos_id: int) -> Tensor:
+        """Continue with the K best non-EOS candidates; returns each new row's parent row (b*K,)."""
+        b, k = self.scores.shape
+        keep = surviving_candidates(cand_token, eos_id, k)  # (b, K) positions among the 2K candidates
+        self.scores = cand_scores.gather(1, keep)
+        parent = (cand_beam.gather(1, keep) + torch.arange(b, device=keep.device)[:, None] * k).view(-1)
+        self.tokens = cand_token.gather(1, keep).view(-1)
+        self.history = torch.cat([self.history.index_select(0, parent), self.tokens[:, None]], dim=1)
+        return parent
+
+    def keep_sentences(self, live: Tensor) -> Tensor:
+        """Drop the sentences where ``live`` (b,) is False; returns the kept rows (b'*K,)."""
+        k = self.scores.size(1)
+        rows = (live.nonzero() * k + torch.arange(k, device=live.device)).view(-1)
+        self.sentence, self.scores = self.sentence[live], self.scores[live]
+        self.tokens, self.history, self.limits = self.tokens[rows], self.history[rows], self.limits[rows]
+        return rows
+
+
 @torch.no_grad()
 def beam_search(
     model: Seq2Seq,
@@ -44,31 +86,26 @@ def beam_search(
     alpha: float = 0.6,
     banned: tuple[int, ...] = (),
 ) -> list[list[int]]:
-    """Best hypothesis per sentence (ids without BOS/EOS). ``src`` (B, S); ``limits`` (B,) max tokens."""
-    batch, k = src.size(0), beam_size
+    """Best hypothesis per sentence (ids without BOS/EOS). ``src`` (B, S); ``limits`` (B,) max tokens.
+
+    Sentences that have K finished hypotheses leave the batch, so the remaining steps cost less.
+    """
+    k = beam_size
     encoded = model.encode(src)
-    rows = torch.arange(batch, device=src.device).repeat_interleave(k)  # (B*K,) sentence of each row
+    rows = torch.arange(src.size(0), device=src.device).repeat_interleave(k)  # (B*K,) sentence of each row
     state = model.start_decoding(EncoderOutput(memory=encoded.memory[rows], mask=encoded.mask[rows]))
-    row_limits = limits.to(src.device)[rows]
-    scores = torch.full((batch, k), float("-inf"), device=src.device)
-    scores[:, 0] = 0.0  # all beams start identical: keep one alive
-    history = torch.empty(batch * k, 0, dtype=torch.long, device=src.device)
-    tokens = torch.full((batch * k,), bos_id, dtype=torch.long, device=src.device)
-    finished = [Finished() for _ in range(batch)]
-    done = torch.zeros(batch, dtype=torch.bool)
+    beams = Beams.start(limits.to(src.device), k, bos_id)
+    finished = [Finished() for _ in range(src.size(0))]
     for step in range(int(limits.max())):
-        log_probs = constrain(model.decode_step(tokens, state), step, row_limits, eos_id, banned)
-        cand_scores, cand_beam, cand_token = top_candidates(scores, log_probs, k)
-        collect_finished(finished, done, cand_scores, cand_beam, cand_token, history, step, k, eos_id, alpha)
-        done |= torch.tensor([len(f.hyps) >= k for f in finished])
-        if bool(done.all()):
+        log_probs = constrain(model.decode_step(beams.tokens, state), step, beams.limits, eos_id, banned)
+        cand_scores, cand_beam, cand_token = top_candidates(beams.scores, log_probs, k)
+        collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, eos_id, alpha)
+        live = torch.tensor([len(finished[s].hyps) < k for s in beams.sentence.tolist()], device=src.device)
+        if not bool(live.any()):
             break
-        keep = surviving_candidates(cand_token, eos_id, k)  # (B, K) positions among the 2K candidates
-        scores = cand_scores.gather(1, keep)
-        parent = (cand_beam.gather(1, keep) + torch.arange(batch, device=src.device)[:, None] * k).view(-1)
-        tokens = cand_token.gather(1, keep).view(-1)
-        history = torch.cat([history.index_select(0, parent), tokens[:, None]], dim=1)
-        state.reorder(parent)
+        state.reorder(beams.advance(cand_scores, cand_beam, cand_token, eos_id))
+        if not bool(live.all()):
+            state.select_rows(beams.keep_sentences(live))
     return [f.best() for f in finished]
 
 
@@ -91,21 +128,21 @@ def surviving_candidates(cand_token: Tensor, eos_id: int, k: int) -> Tensor:
 
 def collect_finished(
     finished: list[Finished],
-    done: Tensor,
+    beams: Beams,
     cand_scores: Tensor,
     cand_beam: Tensor,
     cand_token: Tensor,
-    history: Tensor,
     step: int,
-    k: int,
     eos_id: int,
     alpha: float,
 ) -> None:
-    """Move EOS candidates ranked within the top K of unfinished sentences into ``finished``."""
+    """Move EOS candidates ranked within the top K into their sentence's finished list."""
+    k = beams.scores.size(1)
     ends = (cand_token[:, :k] == eos_id) & torch.isfinite(cand_scores[:, :k])
-    for sent, pos in ends.nonzero().tolist():
-        if done[sent] or len(finished[sent].hyps) >= k:
+    for live_pos, pos in ends.nonzero().tolist():
+        done = finished[int(beams.sentence[live_pos])]
+        if len(done.hyps) >= k:
             continue
-        row = sent * k + int(cand_beam[sent, pos])
-        score = float(cand_scores[sent, pos]) / length_penalty(step + 1, alpha)
-        finished[sent].hyps.append((score, history[row].tolist()))
+        row = live_pos * k + int(cand_beam[live_pos, pos])
+        score = float(cand_scores[live_pos, pos]) / length_penalty(step + 1, alpha)
+        done.hyps.append((score, beams.history[row].tolist()))

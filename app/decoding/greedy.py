@@ -36,18 +36,18 @@ def greedy_search(
 def constrain(log_probs: Tensor, step: int, limits: Tensor, eos_id: int, banned: tuple[int, ...]) -> Tensor:
     """Rule out ``banned`` ids; rows whose output reaches its length limit at ``step`` may only choose EOS.
 
-    A forced EOS keeps the model's log-probability, so beam search scores a hypothesis cut at its
-    limit like any other (a free EOS would favour hypotheses the model did not want to end).
+    Works in place on ``log_probs`` (B, V), a fresh tensor from ``decode_step``. A forced EOS keeps the
+    model's log-probability, so beam search scores a hypothesis cut at its limit like any other
+    (a free EOS would favour hypotheses the model did not want to end).
     """
-    eos_log_probs = log_probs[:, eos_id]
+    at_limit = (limits.to(log_probs.device) == step + 1).nonzero().squeeze(1)  # rows that must end now
+    eos = log_probs[at_limit, eos_id].clone()
     if banned:
-        log_probs = log_probs.index_fill(1, torch.tensor(banned, device=log_probs.device), float("-inf"))
-    at_limit = limits.to(log_probs.device) == step + 1  # (B,)
-    if not bool(at_limit.any()):
-        return log_probs
-    only_eos = torch.full_like(log_probs, float("-inf"))
-    only_eos[:, eos_id] = eos_log_probs
-    return torch.where(at_limit[:, None], only_eos, log_probs)
+        log_probs[:, list(banned)] = float("-inf")
+    if at_limit.numel():
+        log_probs[at_limit] = float("-inf")
+        log_probs[at_limit, eos_id] = eos
+    return log_probs
 
 
 def strip_after_eos(ids: list[int], eos_id: int) -> list[int]:

@@ -30,6 +30,10 @@ class DecoderState(ABC):
         cross-attention keys may be left as they are.
         """
 
+    @abstractmethod
+    def select_rows(self, index: Tensor) -> None:
+        """Keep rows ``index`` of the batch, per-sentence data included (drops finished sentences)."""
+
 
 class Seq2Seq(nn.Module, ABC):
     """An encoder-decoder translation model over token ids."""

@@ -26,8 +26,8 @@ class FeedForward(nn.Sequential):
     """
 
     def __init__(self, *, d_model: int, d_ff: int, dropout: float) -> None:
-        inner = [nn.Dropout(dropout)] if dropout > 0 else []
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), *inner, nn.Linear(d_ff, d_model))
+        inner = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # same parameter names either way
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), inner, nn.Linear(d_ff, d_model))
 
 
 class Residual(nn.Module):
@@ -131,6 +131,13 @@ class TransformerState(DecoderState):
         # sentence's group, so only the growing self-attention caches are reordered.
         for cache in self.caches:
             cache.self_attn.reorder(index)
+
+    def select_rows(self, index: Tensor) -> None:
+        self.memory = self.memory.index_select(0, index)
+        self.memory_mask = self.memory_mask.index_select(0, index)
+        for cache in self.caches:
+            cache.self_attn.reorder(index)
+            cache.cross_attn.reorder(index)
 
 
 class Transformer(Seq2Seq):
