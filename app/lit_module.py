@@ -54,6 +54,7 @@ class TranslationModule(pl.LightningModule):
         self.pad_id = tgt_tokenizer.pad_id
         self._valid_hyps: dict[int, list[int]] = {}
         self._tokens_seen, self._clock = 0, time.perf_counter()
+        self.tokens_trained = 0  # real source + target tokens of every training batch so far
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
@@ -68,6 +69,7 @@ class TranslationModule(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         loss, nll, ntok = self._losses(batch)
         self._tokens_seen += batch.num_tokens
+        self.tokens_trained += batch.num_tokens
         self.log("train/loss", loss / ntok, prog_bar=True, batch_size=ntok)
         self.log("train/nll", nll / ntok, batch_size=ntok)
         return loss / ntok

@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import resource
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +73,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         **config["optim"],
     )
     trainer = build_trainer(cfg, run_dir)
+    started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, run_dir))
+    fit_seconds = time.perf_counter() - started
     if not trainer.is_global_zero:
         return {}
     best = trainer.checkpoint_callback.best_model_path or trainer.checkpoint_callback.last_model_path
     results = evaluate_checkpoint(best, corpora["test"].src, corpora["test"].tgt, cfg)
     results.update(
-        parameters=model.num_parameters(), global_step=trainer.global_step, epochs=trainer.current_epoch
+        parameters=model.num_parameters(),
+        global_step=trainer.global_step,
+        epochs_completed=trainer.current_epoch,
+        fit_seconds=round(fit_seconds, 1),
+        # throughput of the whole fit, validation included; the training-step rate is train/tokens_per_s
+        train_tokens_per_s=round(module.tokens_trained / fit_seconds),
+        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     )
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     log.info("test scores: %s", json.dumps(results))
