@@ -53,3 +53,17 @@ def build_logger(cfg: Mapping[str, Any], run_dir: Path) -> Logger | bool:
     if name not in LOGGERS:
         raise ValueError(f"unknown logger {name!r}; valid choices: {', '.join(sorted(LOGGERS))}")
     return LOGGERS[name](cfg, run_dir)
+
+
+def log_results_and_close(logger: Logger | bool, results: dict[str, Any]) -> None:
+    """Record the final test scores with the run's logger, then close it (uploads or seals wandb files)."""
+    if not isinstance(logger, Logger):
+        return
+    logger.log_metrics({f"test/{k.removeprefix('test_')}": v for k, v in results.items() if _is_number(v)})
+    logger.finalize("success")
+    if isinstance(logger, WandbLogger):
+        logger.experiment.finish()
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -17,12 +17,13 @@ from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, Mode
 
 from app.checkpoint import load_translator
 from app.checkpoint_io import AtomicCheckpointIO
+from app.data.corpus import ParallelText
 from app.data.datamodule import TranslationDataModule
 from app.data.sources import load_corpora
-from app.data.tokenizer import SubwordConfig, train_or_load
+from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
 from app.hardware import resolve_precision
 from app.lit_module import TranslationModule
-from app.loggers import build_logger
+from app.loggers import build_logger, log_results_and_close
 from app.metrics import corpus_scores
 from app.models import build_model
 from app.translator import SearchSettings
@@ -40,22 +41,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     config = OmegaConf.to_container(cfg, resolve=True)
 
     corpora = load_corpora(config["data"])
-    src_tok, tgt_tok = train_or_load(
-        src_texts=corpora["train"].src,
-        tgt_texts=corpora["train"].tgt,
-        config=SubwordConfig(**config["data"]["subword"]),
-        cache_dir=Path(config["data"]["cache_dir"]) / "spm",
-        corpus_key=f"{config['data']['src_lang']}-{config['data']['tgt_lang']}",
-    )
-    datamodule = TranslationDataModule(
-        corpora=corpora,
-        src_tokenizer=src_tok,
-        tgt_tokenizer=tgt_tok,
-        max_tokens=cfg.data.max_tokens,
-        max_len=cfg.data.max_len,
-        eval_max_tokens=cfg.data.get("eval_max_tokens"),
-        seed=cfg.seed,
-    )
+    src_tok, tgt_tok = subword_tokenizers(config["data"], corpora["train"])
     model = build_model(
         config["model"],
         config["attention"],
@@ -64,6 +50,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         pad_id=tgt_tok.pad_id,
     )
     log.info("model: %s parameters", f"{model.num_parameters():,}")
+    datamodule = TranslationDataModule(
+        corpora=corpora,
+        src_tokenizer=src_tok,
+        tgt_tokenizer=tgt_tok,
+        max_tokens=cfg.data.max_tokens,
+        max_len=cfg.data.max_len,
+        max_positions=model.max_positions,
+        eval_max_tokens=cfg.data.get("eval_max_tokens"),
+        seed=cfg.seed,
+    )
     module = TranslationModule(
         model=model,
         src_tokenizer=src_tok,
@@ -79,19 +75,38 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if not trainer.is_global_zero:
         return {}
     best = trainer.checkpoint_callback.best_model_path or trainer.checkpoint_callback.last_model_path
-    results = evaluate_checkpoint(best, corpora["test"].src, corpora["test"].tgt, cfg)
-    results.update(
-        parameters=model.num_parameters(),
-        global_step=trainer.global_step,
-        epochs_completed=trainer.current_epoch,
-        fit_seconds=round(fit_seconds, 1),
-        # throughput of the whole fit, validation included; the training-step rate is train/tokens_per_s
-        train_tokens_per_s=round(module.tokens_trained / fit_seconds),
-        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-    )
+    results = {
+        **evaluate_checkpoint(best, corpora["test"].src, corpora["test"].tgt, cfg),
+        **run_statistics(trainer, module, fit_seconds),
+    }
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    log_results_and_close(trainer.logger, results)
     log.info("test scores: %s", json.dumps(results))
     return results
+
+
+def subword_tokenizers(data_cfg: dict[str, Any], train: ParallelText) -> tuple[Tokenizer, Tokenizer]:
+    """The sentencepiece models for this corpus and settings: trained once, then loaded from the cache."""
+    return train_or_load(
+        src_texts=train.src,
+        tgt_texts=train.tgt,
+        config=SubwordConfig(**data_cfg["subword"]),
+        cache_dir=Path(data_cfg["cache_dir"]) / "spm",
+        corpus_key=f"{data_cfg['src_lang']}-{data_cfg['tgt_lang']}",
+    )
+
+
+def run_statistics(trainer: pl.Trainer, module: TranslationModule, fit_seconds: float) -> dict[str, Any]:
+    """Size, length and cost of the run, for results.json."""
+    return {
+        "parameters": module.model.num_parameters(),
+        "global_step": trainer.global_step,
+        "epochs_completed": trainer.current_epoch,
+        "fit_seconds": round(fit_seconds, 1),
+        # throughput of the whole fit, validation included; the training-step rate is train/tokens_per_s
+        "train_tokens_per_s": round(module.tokens_trained / fit_seconds),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:

@@ -139,5 +139,5 @@ def test_wandb_offline_run_records_metrics(
     assert len(run_files) == 1, os.listdir(run_dir)
     history = logged_history(run_files[0])
     logged = {key for row in history for key in row}
-    assert {"train/loss", "val/bleu", "val/loss"} <= logged
+    assert {"train/loss", "val/bleu", "val/loss", "test/bleu", "test/chrf"} <= logged
     assert all(row["train/loss"] > 0 for row in history if "train/loss" in row)

@@ -29,6 +29,8 @@ class KernelCapabilities:
     causal: bool = True
     returns_weights: bool = True
     incremental: bool = True  # can run with Tq < Tk against a KV cache
+    exact: bool = True  # computes full softmax attention (equals the eager reference); False for
+    # approximations (linear feature maps) and restricted patterns (sparse)
 
 
 @dataclass

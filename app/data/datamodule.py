@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 class TranslationDataModule(pl.LightningDataModule):
     """Holds the encoded corpus; training batches are sharded over ranks by the sampler itself.
 
-    Training pairs that are empty or longer than ``max_len`` subwords are dropped (and counted);
-    evaluation splits are never filtered.
+    Training pairs that are empty or longer than ``max_len`` subwords are dropped (and counted).
+    Evaluation splits are never filtered: a sequence longer than the model accepts (``max_positions``
+    including EOS/BOS) is truncated for the validation loss, and counted in the log.
     """
 
     def __init__(
@@ -30,6 +31,7 @@ class TranslationDataModule(pl.LightningDataModule):
         tgt_tokenizer: Tokenizer,
         max_tokens: int,
         max_len: int,
+        max_positions: int,
         eval_max_tokens: int | None = None,
         seed: int = 0,
         num_workers: int = 0,
@@ -37,7 +39,8 @@ class TranslationDataModule(pl.LightningDataModule):
         super().__init__()
         self.corpora = corpora
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
-        self.max_tokens, self.max_len = max_tokens, max_len
+        self.max_tokens, self.max_positions = max_tokens, max_positions
+        self.max_len = min(max_len, max_positions - 1)  # room for the EOS / BOS the collator adds
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.seed, self.num_workers = seed, num_workers
         self.collate = Collator(
@@ -64,7 +67,18 @@ class TranslationDataModule(pl.LightningDataModule):
                     self.dropped_train_pairs,
                     self.max_len,
                 )
+            else:
+                src, tgt = self._truncate(split, src), self._truncate(split, tgt)
             self.datasets[split] = ParallelIds(src, tgt)
+
+    def _truncate(self, split: str, sequences: list[list[int]]) -> list[list[int]]:
+        limit = self.max_positions - 1
+        too_long = sum(len(s) > limit for s in sequences)
+        if too_long:
+            log.warning(
+                "%s: %d sequences longer than %d subwords truncated for the loss", split, too_long, limit
+            )
+        return [s[:limit] for s in sequences]
 
     def _loader(self, split: str, *, train: bool) -> DataLoader:
         dataset = self.datasets[split]

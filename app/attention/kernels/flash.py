@@ -60,7 +60,9 @@ def flash_attn_module() -> ModuleType | None:
 class FlashAttention(AttentionKernel):
     """SDPA under a chosen backend (math fallback), or flash-attn's padding-free kernels on GPUs."""
 
-    capabilities = KernelCapabilities(padding_mask=True, causal=True, returns_weights=False, incremental=True)
+    capabilities = KernelCapabilities(
+        padding_mask=True, causal=True, returns_weights=False, incremental=True, exact=True
+    )
 
     def __init__(self, *, backend: str = "auto") -> None:
         super().__init__()

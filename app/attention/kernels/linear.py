@@ -60,7 +60,10 @@ def orthogonal_random_features(num_features: int, dim: int, seed: int) -> Tensor
     gen = torch.Generator().manual_seed(seed)
     blocks = []
     for _ in range(math.ceil(num_features / dim)):
-        orthogonal, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
+        orthogonal, upper = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
+        # Fixing the signs of R's diagonal makes Q uniformly (Haar) distributed, so every row direction
+        # is uniform on the sphere; without it the directions, and the estimate, are biased.
+        orthogonal = orthogonal * torch.sign(torch.diagonal(upper))
         blocks.append(orthogonal.T)
     rows = torch.cat(blocks)[:num_features]
     norms = torch.randn(num_features, dim, generator=gen, dtype=torch.float64).norm(dim=1)
@@ -108,7 +111,9 @@ def _prefix_state(phi_k: Tensor, v: Tensor) -> LinearAttentionState:
 class LinearAttention(AttentionKernel):
     """Kernelised (softmax-free) attention with a choice of feature map; see the module docstring."""
 
-    capabilities = KernelCapabilities(padding_mask=True, causal=True, returns_weights=False, incremental=True)
+    capabilities = KernelCapabilities(
+        padding_mask=True, causal=True, returns_weights=False, incremental=True, exact=False
+    )
 
     def __init__(
         self,
@@ -122,7 +127,8 @@ class LinearAttention(AttentionKernel):
         super().__init__()
         if feature_map not in FEATURE_MAPS:
             raise AttentionConfigError(
-                f"unknown linear attention feature_map {feature_map!r}; valid choices: {', '.join(FEATURE_MAPS)}"
+                f"unknown linear attention feature_map {feature_map!r}; "
+                f"valid choices: {', '.join(FEATURE_MAPS)}"
             )
         for name, value in {"num_features": num_features, "chunk_size": chunk_size}.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -141,7 +147,10 @@ class LinearAttention(AttentionKernel):
     # --- feature maps -------------------------------------------------------------------------------
 
     def projection(self, dim: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """The FAVOR+ random features W (m, dim); a function of (seed, m, dim) only, so checkpoints need not store it."""
+        """The FAVOR+ random features W (m, dim), drawn once per head width and device.
+
+        W is a function of (seed, m, dim) only, so it is not a buffer: checkpoints need not store it.
+        """
         key = (dim, device, dtype)
         if key not in self._projections:
             w = orthogonal_random_features(self.num_features, dim, self.seed)
@@ -214,7 +223,12 @@ class LinearAttention(AttentionKernel):
         prefix = max(0, offset)
         state = _prefix_state(phi_k[:, :, :prefix], v[:, :, :prefix]) if prefix else None
         live, _ = _causal_linear(
-            phi_q[..., dead:, :], eps_row[..., dead:, :], phi_k[:, :, prefix:], v[:, :, prefix:], state, self.chunk_size
+            phi_q[..., dead:, :],
+            eps_row[..., dead:, :],
+            phi_k[:, :, prefix:],
+            v[:, :, prefix:],
+            state,
+            self.chunk_size,
         )
         if not dead:
             return live
@@ -253,7 +267,9 @@ class LinearAttention(AttentionKernel):
         the contexts equal the causal forward over the whole sequence.
         """
         if q.size(2) != k.size(2) or k.size(2) != v.size(2):
-            raise ValueError(f"recurrent_step needs as many queries as new keys, got {q.size(2)} and {k.size(2)}")
+            raise ValueError(
+                f"recurrent_step needs as many queries as new keys, got {q.size(2)} and {k.size(2)}"
+            )
         phi_q, eps_row, phi_k, values = self._features(q, k, v, key_mask)
         context, state = _causal_linear(phi_q, eps_row, phi_k, values, state, self.chunk_size)
         return context.flatten(1, 2).to(q.dtype), state

@@ -19,6 +19,7 @@ key and every query attends to them. ``causal`` and key padding are applied on t
 
 Positions follow :mod:`app.attention.base`: key ``j`` sits at position ``j`` and query ``i`` at
 ``p = i + (Tk - Tq)``, so cached incremental decoding (Tq = 1) sees the pattern of full recomputation.
+With Tq > Tk the first queries get negative positions: they come before every key and are never global.
 A cache truncated to the last ``cache_window()`` keys shifts query and key positions alike, which only
 the sliding window (a function of ``p - j``) survives; every other pattern needs the whole cache.
 
@@ -87,7 +88,9 @@ class SparsePattern:
 # --- the pattern, element by element ------------------------------------------------------------------
 
 
-def random_key_blocks(settings: SparsePattern, query_block: int, *, num_key_blocks: int, causal: bool) -> list[int]:
+def random_key_blocks(
+    settings: SparsePattern, query_block: int, *, num_key_blocks: int, causal: bool
+) -> list[int]:
     """The random key blocks of one query block, drawn from the blocks it may see (BigBird, section 2).
 
     The draw depends only on (seed, query block) and, without causal masking, on the number of key
@@ -130,12 +133,14 @@ def pattern_visible(settings: SparsePattern, p: Tensor, j: Tensor, *, tk: int, c
     elif s.pattern == "strided":
         allowed = band | (torch.remainder(p - j, s.stride) == 0)
     elif s.pattern == "fixed":
-        same_block = torch.div(p, s.stride, rounding_mode="floor") == torch.div(j, s.stride, rounding_mode="floor")
+        same_block = torch.div(p, s.stride, rounding_mode="floor") == torch.div(
+            j, s.stride, rounding_mode="floor"
+        )
         allowed = same_block | (torch.remainder(j, s.stride) >= s.stride - s.summary)
     else:  # random_blocks
         allowed = band | _random_visible(s, p, j, tk=tk, causal=causal)
     if s.num_global:
-        allowed = allowed | (p < s.num_global) | (j < s.num_global)
+        allowed = allowed | ((p >= 0) & (p < s.num_global)) | (j < s.num_global)
     if causal:
         allowed = allowed & (j <= p)
     return allowed
@@ -157,8 +162,10 @@ def pattern_mask(
 # --- which keys a block of queries gathers ------------------------------------------------------------
 
 
-def _shared_keys(settings: SparsePattern, p0: int, p1: int, *, tk: int, causal: bool, device) -> Tensor:
-    """Sorted key indices (S,) that queries at positions p0..p1 may reach, except per-query strided columns."""
+def _shared_keys(
+    settings: SparsePattern, p0: int, p1: int, *, tk: int, causal: bool, device: torch.device
+) -> Tensor:
+    """Sorted key indices (S,) that queries at positions p0..p1 may reach, except strided columns."""
     s = settings
     hi = min(tk, p1 + 1) if causal else tk  # keys at or beyond hi are never visible to this block
     if hi <= 0:
@@ -204,7 +211,10 @@ def _query_blocks(settings: SparsePattern, tq: int, offset: int) -> Iterator[tup
 class SparseAttention(AttentionKernel):
     """Softmax attention restricted to a sparse pattern, computed blockwise (see the module docstring)."""
 
-    capabilities = KernelCapabilities(padding_mask=True, causal=True, returns_weights=True, incremental=True)
+    # Not exact: softmax over a restricted set of keys (equal to eager only if the pattern covers them all).
+    capabilities = KernelCapabilities(
+        padding_mask=True, causal=True, returns_weights=True, incremental=True, exact=False
+    )
 
     def __init__(
         self,
@@ -267,7 +277,9 @@ class SparseAttention(AttentionKernel):
             weights.append(block_weights)
         if not contexts:
             context = q.new_zeros(batch, heads, 0, v.size(-1))
-            return AttentionOutput(context=context, weights=q.new_zeros(batch, heads, 0, tk) if need_weights else None)
+            return AttentionOutput(
+                context=context, weights=q.new_zeros(batch, heads, 0, tk) if need_weights else None
+            )
         context = torch.cat(contexts, dim=3).flatten(1, 2)  # (B, H, Tq, Dv)
         dense = torch.cat(weights, dim=3).flatten(1, 2) if need_weights else None  # (B, H, Tq, Tk)
         return AttentionOutput(context=context, weights=dense)
