@@ -40,5 +40,8 @@ format: install  ## apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+bench:  ## attention benchmark: time and memory vs length for every kernel (CSV + PNG in docs/bench)
+	$(PY) scripts/bench_attention.py --device cpu
+
 clean:  ## remove caches and run outputs (keeps data/ and the venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

@@ -1,6 +1,6 @@
 """Plot validation BLEU and training loss against wall-clock time and steps for one or more runs.
 
-    python scripts/plot_curves.py runs/m30k_de_en runs/m30k_en_de -o docs/figures/learning_curves.png
+python scripts/plot_curves.py runs/m30k_de_en runs/m30k_en_de -o docs/figures/learning_curves.png
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import matplotlib.pyplot as plt
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     """Rows of ``<run>/csv/metrics.csv`` with the numeric cells only."""
     with (run_dir / "csv" / "metrics.csv").open() as handle:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(handle)]
+        return [
+            {k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(handle)
+        ]
 
 
 def series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:

@@ -278,7 +278,10 @@ def test_gqa_cache_stores_only_kv_heads(name: str) -> None:
     full, _ = layer(x, causal=True)
     cache = KVCache()
     steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(4)]
-    assert cache.k.shape == cache.v.shape == (3, 2, 4, 8)
+    if layer.kernel.capabilities.recurrent:  # a fixed-size state per kv head instead of keys and values
+        assert cache.k is None and cache.state.kv.shape[:2] == (3, 2)
+    else:
+        assert cache.k.shape == cache.v.shape == (3, 2, 4, 8)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
 
     memory, mask = torch.randn(3, 6, 32), torch.tensor([[True] * 6, [True] * 2 + [False] * 4, [True] * 6])
@@ -339,11 +342,58 @@ def test_site_specs_defaults_and_overrides() -> None:
     assert set(specs) == set(SITES)
     common = {"num_kv_heads": 2, "dropout": 0.1, "options": {"a": 1}}
     assert specs["encoder_self"] == AttentionSpec(kernel="eager", **common)
-    assert specs["cross"] == AttentionSpec(kernel="sdpa", **common)
+    # Another kernel: the group's options are eager's, so the site starts from its own (none here).
+    assert specs["cross"] == AttentionSpec(kernel="sdpa", num_kv_heads=2, dropout=0.1, options={})
     assert specs["decoder_self"] == AttentionSpec(
         kernel="eager", num_kv_heads=1, dropout=0.1, options={"a": 1, "b": 2}
     )
     assert site_specs({}) == dict.fromkeys(SITES, AttentionSpec())
+
+
+def test_site_override_changing_kernel_does_not_inherit_the_groups_options() -> None:
+    group = {"kernel": "sparse", "options": {"window": 3, "block": 4}}
+    specs = site_specs(
+        {**group, "sites": {"cross": {"kernel": "eager"}, "decoder_self": {"kernel": "sparse"}}}
+    )
+    assert specs["cross"].options == {}
+    assert specs["decoder_self"].options == specs["encoder_self"].options == {"window": 3, "block": 4}
+    # Options given with the new kernel are its own; with the same kernel they merge into the group's.
+    specs = site_specs(
+        {
+            **group,
+            "sites": {
+                "cross": {"kernel": "linear", "options": {"feature_map": "favor"}},
+                "decoder_self": {"options": {"window": 5}},
+            },
+        }
+    )
+    assert specs["cross"].options == {"feature_map": "favor"}
+    assert specs["decoder_self"].options == {"window": 5, "block": 4}
+    for site, spec in specs.items():  # each kernel accepts what it got
+        assert isinstance(build_attention(spec, site=site, d_model=32, num_heads=4), MultiHeadAttention)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_attention_dropout_is_rejected_at_build_time_only_where_impossible(name: str) -> None:
+    spec = AttentionSpec(kernel=name, dropout=0.1)
+    if kernel_class(name).capabilities.attention_dropout:  # sdpa and flash drop inside the fused kernel
+        layer = build_attention(spec, site="encoder_self", d_model=32, num_heads=4)
+        assert layer.dropout == 0.1
+        return
+    able = ", ".join(n for n in KERNELS if kernel_class(n).capabilities.attention_dropout)
+    message = (
+        rf"kernel '{name}' cannot apply attention dropout \(dropout=0.1 at the cross site\): set "
+        rf"attention.dropout=0 \(attention.sites.cross.dropout=0 for this site only\) .*{able}$"
+    )
+    with pytest.raises(AttentionConfigError, match=message):
+        build_attention(spec, site="cross", d_model=32, num_heads=4)
+    build_attention(AttentionSpec(kernel=name), site="cross", d_model=32, num_heads=4)  # dropout 0 is fine
+
+
+def test_only_linear_lacks_attention_dropout_and_is_recurrent() -> None:
+    without = {n for n in KERNELS if not kernel_class(n).capabilities.attention_dropout}
+    recurrent = {n for n in KERNELS if kernel_class(n).capabilities.recurrent}
+    assert without == recurrent == {"linear"}
 
 
 def test_site_specs_unknown_key_is_named_with_its_place() -> None:

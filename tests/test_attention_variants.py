@@ -695,9 +695,21 @@ def test_new_attention_configs_compose_and_build(option: str, tmp_path: Path) ->
 
 
 def test_sparse_config_override_reaches_both_self_attention_sites(tmp_path: Path) -> None:
-    config = compose_attention("sparse", tmp_path, "attention.sites.encoder_self.options.window=3")
+    config = compose_attention("sparse", tmp_path, "attention.options.window=3")
     specs = site_specs(config["attention"])
     assert specs["encoder_self"].options["window"] == specs["decoder_self"].options["window"] == 3
+    assert specs["cross"].options == {}  # the eager cross-attention does not get the sparse options
+    # One site differs: its options merge into the group's (Hydra's `+` adds a key the YAML leaves out).
+    config = compose_attention("sparse", tmp_path, "+attention.sites.decoder_self.options.window=2")
+    specs = site_specs(config["attention"])
+    assert (specs["encoder_self"].options["window"], specs["decoder_self"].options["window"]) == (16, 2)
+    assert specs["decoder_self"].options["block"] == specs["encoder_self"].options["block"]
+
+
+def test_linear_config_with_attention_dropout_fails_when_the_model_is_built(tmp_path: Path) -> None:
+    config = compose_attention("linear", tmp_path, "attention.dropout=0.1")
+    with pytest.raises(AttentionConfigError, match=r"'linear' cannot apply attention dropout \(dropout=0.1"):
+        build_model(config["model"], config["attention"], src_vocab_size=50, tgt_vocab_size=50, pad_id=0)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
+from app.attention import AttentionConfigError, MultiHeadAttention
 from app.data.tokenizer import SubwordConfig
 from app.lit_module import TranslationModule
 from app.loggers import LOGGERS
@@ -172,8 +173,32 @@ def test_unknown_model_setting_is_named() -> None:
         )
 
 
-def test_bad_attention_config_fails_at_build_time(tmp_path: Path) -> None:
-    cfg = compose_train(*SMALL_MODEL, "attention.num_kv_heads=3", tmp_path=tmp_path)
+@pytest.mark.parametrize("option", ["mha", "gqa"])
+def test_bad_attention_config_fails_at_build_time(option: str, tmp_path: Path) -> None:
+    cfg = compose_train(*SMALL_MODEL, f"attention={option}", "attention.num_kv_heads=3", tmp_path=tmp_path)
     config = OmegaConf.to_container(cfg, resolve=True)
-    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+    with pytest.raises(AttentionConfigError, match=r"num_kv_heads=3 must divide num_heads=4 \(1 = MQA"):
         build_model(config["model"], config["attention"], src_vocab_size=50, tgt_vocab_size=50, pad_id=0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "kv_heads"),
+    [(["attention=gqa", "attention.num_kv_heads=2"], 2), (["attention=gqa"], 2), (["attention=mqa"], 1)],
+    ids=["gqa_kv2", "gqa", "mqa"],
+)
+def test_head_layout_configs_set_the_kv_heads_of_every_site(
+    overrides: list[str], kv_heads: int, tmp_path: Path
+) -> None:
+    cfg = compose_train(*SMALL_MODEL, *overrides, tmp_path=tmp_path, hydra_config=True)
+    assert cfg.hydra.runtime.choices["attention"] == overrides[0].split("=")[1]
+    attention_cfg = OmegaConf.to_container(cfg.attention, resolve=True)
+    assert (attention_cfg["kernel"], attention_cfg["num_kv_heads"]) == ("sdpa", kv_heads)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model = build_model(model_cfg, attention_cfg, src_vocab_size=50, tgt_vocab_size=50, pad_id=0)
+    layers = [*model.encoder, *model.decoder]
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(attentions) == len(layers) + len(model.decoder)  # encoder self, decoder self and cross
+    head_dim = cfg.model.d_model // cfg.model.num_heads
+    for attention in attentions:
+        assert attention.num_kv_heads == kv_heads
+        assert attention.k_proj.out_features == attention.v_proj.out_features == kv_heads * head_dim

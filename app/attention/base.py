@@ -15,7 +15,7 @@ and cached incremental decoding (Tq == 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +31,8 @@ class KernelCapabilities:
     incremental: bool = True  # can run with Tq < Tk against a KV cache
     exact: bool = True  # computes full softmax attention (equals the eager reference); False for
     # approximations (linear feature maps) and restricted patterns (sparse)
+    recurrent: bool = False  # causal decoding carries a fixed-size state (recurrent_step) instead of K/V
+    attention_dropout: bool = True  # can apply dropout to attention weights (dropout_p > 0)
 
 
 @dataclass
@@ -63,6 +65,18 @@ class AttentionKernel(nn.Module):
     def cache_window(self) -> int | None:
         """How many past positions a decoder self-attention cache must keep (None = all)."""
         return None
+
+    def recurrent_step(
+        self, state: Any, q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None
+    ) -> tuple[Tensor, Any]:
+        """Causal attention of the next t positions from the ``state`` of all earlier ones (None at first).
+
+        Only kernels whose ``capabilities.recurrent`` is True implement it. q (B, H, t, Dh), k and v
+        (B, Hkv, t, Dh) and ``key_mask`` (B, t) are the new positions only. Returns the context
+        (B, H, t, Dv) and the new state, a :class:`~app.attention.cache.RecurrentState` whose size does
+        not grow with the length.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent form (capabilities.recurrent)")
 
 
 def repeat_kv(x: Tensor, num_heads: int) -> Tensor:

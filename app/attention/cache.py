@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+
+class RecurrentState(Protocol):
+    """What a recurrent kernel's decoding state offers, e.g. :class:`.kernels.linear.LinearAttentionState`."""
+
+    def reorder(self, index: Tensor) -> Any:
+        """The state with batch rows selected by ``index``."""
+        ...
+
+    def nbytes(self) -> int:
+        """Bytes held by the state's tensors."""
+        ...
 
 
 @dataclass
@@ -16,18 +29,24 @@ class KVCache:
     fewer kv heads keeps a proportionally smaller cache. ``static`` caches (cross-attention) are
     filled once from the encoder output and never grow. ``max_len`` (sliding-window attention)
     keeps only the most recent positions.
+
+    Recurrent kernels (``capabilities.recurrent``, e.g. causal linear attention, Katharopoulos et al.
+    2020, section 3.4) keep no keys or values: :class:`~app.attention.multihead.MultiHeadAttention`
+    stores their fixed-size ``state`` here instead, so the cache does not grow with the length.
     """
 
     k: Tensor | None = None
     v: Tensor | None = None
     static: bool = False
     max_len: int | None = None
+    state: Any = None  # a RecurrentState, or None
 
     @property
     def filled(self) -> bool:
         return self.k is not None
 
     def length(self) -> int:
+        """Cached key positions (0 for a recurrent state, which stores none)."""
         return 0 if self.k is None else self.k.size(2)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -47,3 +66,11 @@ class KVCache:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+        if self.state is not None:
+            self.state = self.state.reorder(index)
+
+    def nbytes(self) -> int:
+        """Bytes held by the cached keys, values and recurrent state."""
+        tensors = (t for t in (self.k, self.v) if t is not None)
+        held = sum(t.numel() * t.element_size() for t in tensors)
+        return held + (self.state.nbytes() if self.state is not None else 0)

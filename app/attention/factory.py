@@ -1,7 +1,10 @@
 """Build the attention of each Transformer site from the ``attention`` config group.
 
 The group sets every site at once; ``sites.<name>`` overrides single fields for one site, e.g.
-``attention.sites.cross.kernel=eager`` keeps full cross-attention under a sparse self-attention.
+``+attention.sites.cross.kernel=eager`` keeps full cross-attention under a sparse self-attention
+(Hydra's ``+`` adds a key that the YAML files leave out).
+``options`` belong to a kernel: a site override that switches to another kernel starts from that
+override's own ``options`` (none if it gives none), never from the group's.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from app.attention.multihead import MultiHeadAttention
-from app.attention.registry import AttentionConfigError, build_kernel, kernel_class
+from app.attention.registry import AttentionConfigError, available_kernels, build_kernel, kernel_class
 
 SITES = ("encoder_self", "decoder_self", "cross")
 
@@ -58,14 +61,18 @@ def _merge(spec: AttentionSpec, overrides: Mapping[str, Any], *, where: str) -> 
     bad = set(overrides) - valid
     if bad:
         raise AttentionConfigError(f"unknown key(s) {sorted(bad)} in {where}; valid keys: {sorted(valid)}")
-    if "options" in overrides:
-        overrides["options"] = {**spec.options, **dict(overrides["options"] or {})}
+    own_options = dict(overrides.get("options") or {})
+    if overrides.get("kernel", spec.kernel) != spec.kernel:
+        overrides["options"] = own_options  # another kernel's options would be rejected or misread
+    elif "options" in overrides:
+        overrides["options"] = {**spec.options, **own_options}
     return replace(spec, **overrides)
 
 
 def build_attention(spec: AttentionSpec, *, site: str, d_model: int, num_heads: int) -> MultiHeadAttention:
     """One attention layer for ``site``, after checking that its kernel can serve that site."""
     check_kernel_fits_site(spec.kernel, site)
+    check_dropout(spec, site=site)
     return MultiHeadAttention(
         d_model=d_model,
         num_heads=num_heads,
@@ -81,4 +88,19 @@ def check_kernel_fits_site(kernel: str, site: str) -> None:
     if missing:
         raise AttentionConfigError(
             f"attention kernel {kernel!r} cannot serve the {site} site: it lacks {', '.join(missing)}"
+        )
+
+
+def check_dropout(spec: AttentionSpec, *, site: str) -> None:
+    """Reject attention dropout for kernels that have no attention weights to drop (e.g. linear).
+
+    Fused kernels (sdpa, flash) apply it inside the kernel, so only ``attention_dropout=False`` fails;
+    failing here, when the model is built, beats failing at the first training step.
+    """
+    if spec.dropout and not kernel_class(spec.kernel).capabilities.attention_dropout:
+        able = [name for name in available_kernels() if kernel_class(name).capabilities.attention_dropout]
+        raise AttentionConfigError(
+            f"attention kernel {spec.kernel!r} cannot apply attention dropout (dropout={spec.dropout} at the "
+            f"{site} site): set attention.dropout=0 (attention.sites.{site}.dropout=0 for this site only) "
+            f"or use a kernel that can: {', '.join(able)}"
         )

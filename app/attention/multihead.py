@@ -64,10 +64,15 @@ class MultiHeadAttention(nn.Module):
 
         ``key_mask`` (B, Tk) marks real keys (for self-attention with a cache: all keys so far).
         With a ``cache``, self-attention appends this step's keys/values; cross-attention computes
-        them from ``memory`` once and reuses them on later steps. Returns the output (B, Tq, D) and,
-        when asked for, the weights (B, H, Tq, Tk).
+        them from ``memory`` once and reuses them on later steps. Causal self-attention through a
+        recurrent kernel (``capabilities.recurrent``) keeps the kernel's fixed-size state in the cache
+        instead of keys and values. Returns the output (B, Tq, D) and, when asked for, the weights
+        (B, H, Tq, Tk).
         """
         q = self._split(self.q_proj(x), self.num_heads)  # (B, H, Tq, Dh)
+        if self._uses_state(cache, causal=causal, cross=memory is not None):
+            context = self._recurrent_step(q, x, key_mask=key_mask, cache=cache, need_weights=need_weights)
+            return self._merge(context), None
         if cache is not None and cache.static and cache.filled:
             k, v = cache.k, cache.v
         else:
@@ -83,9 +88,38 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
         )
-        b, _, tq, _ = out.context.shape
-        merged = out.context.transpose(1, 2).reshape(b, tq, self.num_heads * self.head_dim)
-        return self.out_proj(merged), out.weights
+        return self._merge(out.context), out.weights
+
+    def _merge(self, context: Tensor) -> Tensor:
+        """Heads (B, H, Tq, Dh) back to the model width, then the output projection: (B, Tq, D)."""
+        b, _, tq, _ = context.shape
+        return self.out_proj(context.transpose(1, 2).reshape(b, tq, self.num_heads * self.head_dim))
+
+    def _uses_state(self, cache: KVCache | None, *, causal: bool, cross: bool) -> bool:
+        """Whether this call decodes with the kernel's recurrent state rather than a KV cache."""
+        return (
+            cache is not None
+            and not cache.static
+            and causal
+            and not cross
+            and self.kernel.capabilities.recurrent
+        )
+
+    def _recurrent_step(
+        self, q: Tensor, x: Tensor, *, key_mask: Tensor | None, cache: KVCache, need_weights: bool
+    ) -> Tensor:
+        """Causal attention of the new positions ``x`` (B, t, D) from ``cache.state``; updates the state.
+
+        The recurrent form of causal linear attention (Katharopoulos et al. 2020, section 3.4): the
+        state summarises every earlier key and value in O(1) memory per step, so no K/V is cached.
+        ``key_mask`` covers all keys so far (B, Tk) as elsewhere; only its last t columns are new.
+        """
+        if need_weights:
+            raise ValueError(f"the {type(self.kernel).__name__} kernel cannot return attention weights")
+        k, v = self.project_kv(x)  # (B, Hkv, t, Dh)
+        step_mask = None if key_mask is None else key_mask[:, -x.size(1) :]  # (B, t)
+        context, cache.state = self.kernel.recurrent_step(cache.state, q, k, v, key_mask=step_mask)
+        return context  # (B, H, t, Dh)
 
 
 def check_head_layout(*, d_model: int, num_heads: int, num_kv_heads: int) -> None:

@@ -21,7 +21,9 @@ Feature maps (``feature_map`` option):
 
 Key padding zeroes phi(k) at padded keys, so they add nothing to either sum. Rows that see no key give
 0 / (0 + eps) = 0. There is no attention matrix, so weights cannot be returned and weight dropout does
-not apply. :meth:`LinearAttention.recurrent_step` carries the O(1)-size state for incremental decoding.
+not apply. :meth:`LinearAttention.recurrent_step` carries the O(1)-size state for incremental decoding
+(section 3.4 of Katharopoulos et al. 2020): cached causal self-attention in
+:class:`~app.attention.multihead.MultiHeadAttention` keeps that state instead of growing keys and values.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class LinearAttentionState:
     def reorder(self, index: Tensor) -> LinearAttentionState:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
         return LinearAttentionState(kv=self.kv.index_select(0, index), z=self.z.index_select(0, index))
+
+    def nbytes(self) -> int:
+        """Bytes held: (m x Dv + m) numbers per kv head, whatever the number of positions seen."""
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.z))
 
 
 def orthogonal_random_features(num_features: int, dim: int, seed: int) -> Tensor:
@@ -112,7 +118,13 @@ class LinearAttention(AttentionKernel):
     """Kernelised (softmax-free) attention with a choice of feature map; see the module docstring."""
 
     capabilities = KernelCapabilities(
-        padding_mask=True, causal=True, returns_weights=False, incremental=True, exact=False
+        padding_mask=True,
+        causal=True,
+        returns_weights=False,
+        incremental=True,
+        exact=False,
+        recurrent=True,  # causal decoding: the state (S, z) replaces the KV cache
+        attention_dropout=False,  # no attention matrix to drop entries from
     )
 
     def __init__(
