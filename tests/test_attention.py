@@ -327,27 +327,35 @@ def test_unknown_kernel_option_is_reported() -> None:
 def test_site_specs_defaults_and_overrides() -> None:
     specs = site_specs(
         {
-            "name": "mha",
-            "kernel": "eager",
+            "name": "sparse",
+            "kernel": "sparse",
             "num_kv_heads": 2,
             "dropout": 0.1,
-            "options": {"a": 1},
+            "window": 4,
             "sites": {
                 "cross": {"kernel": "sdpa"},
-                "decoder_self": {"num_kv_heads": 1, "options": {"b": 2}},
+                "decoder_self": {"num_kv_heads": 1, "block": 8},
                 "encoder_self": None,
             },
         }
     )
     assert set(specs) == set(SITES)
-    common = {"num_kv_heads": 2, "dropout": 0.1, "options": {"a": 1}}
-    assert specs["encoder_self"] == AttentionSpec(kernel="eager", **common)
-    # Another kernel: the group's options are eager's, so the site starts from its own (none here).
+    common = {"num_kv_heads": 2, "dropout": 0.1, "options": {"window": 4}}
+    assert specs["encoder_self"] == AttentionSpec(kernel="sparse", **common)
+    # Another kernel: the group's options are sparse's, so the site starts from its own (none here).
     assert specs["cross"] == AttentionSpec(kernel="sdpa", num_kv_heads=2, dropout=0.1, options={})
     assert specs["decoder_self"] == AttentionSpec(
-        kernel="eager", num_kv_heads=1, dropout=0.1, options={"a": 1, "b": 2}
+        kernel="sparse", num_kv_heads=1, dropout=0.1, options={"window": 4, "block": 8}
     )
     assert site_specs({}) == dict.fromkeys(SITES, AttentionSpec())
+
+
+def test_nested_options_of_older_configs_are_still_read() -> None:
+    specs = site_specs(
+        {"kernel": "linear", "options": {"feature_map": "favor"}, "sites": {"cross": {"eps": 0.1}}}
+    )
+    assert specs["encoder_self"].options == {"feature_map": "favor"}
+    assert specs["cross"].options == {"feature_map": "favor", "eps": 0.1}
 
 
 def test_site_override_changing_kernel_does_not_inherit_the_groups_options() -> None:

@@ -695,15 +695,43 @@ def test_new_attention_configs_compose_and_build(option: str, tmp_path: Path) ->
 
 
 def test_sparse_config_override_reaches_both_self_attention_sites(tmp_path: Path) -> None:
-    config = compose_attention("sparse", tmp_path, "attention.options.window=3")
+    config = compose_attention("sparse", tmp_path, "attention.window=3", "attention.pattern=strided")
     specs = site_specs(config["attention"])
     assert specs["encoder_self"].options["window"] == specs["decoder_self"].options["window"] == 3
+    assert specs["encoder_self"].options["pattern"] == specs["decoder_self"].options["pattern"] == "strided"
     assert specs["cross"].options == {}  # the eager cross-attention does not get the sparse options
     # One site differs: its options merge into the group's (Hydra's `+` adds a key the YAML leaves out).
-    config = compose_attention("sparse", tmp_path, "+attention.sites.decoder_self.options.window=2")
+    config = compose_attention("sparse", tmp_path, "+attention.sites.decoder_self.window=2")
     specs = site_specs(config["attention"])
     assert (specs["encoder_self"].options["window"], specs["decoder_self"].options["window"]) == (16, 2)
     assert specs["decoder_self"].options["block"] == specs["encoder_self"].options["block"]
+
+
+@pytest.mark.parametrize(
+    ("option", "override", "read_back", "expected"),
+    [
+        ("sparse", "attention.window=64", lambda kernel: kernel.settings.window, 64),
+        ("linear", "attention.feature_map=favor", lambda kernel: kernel.feature_map, "favor"),
+        ("flash", "attention.backend=math", lambda kernel: kernel.backend, "math"),
+    ],
+    ids=["sparse", "linear", "flash"],
+)
+def test_kernel_options_are_set_beside_the_kernel_on_the_command_line(
+    option: str, override: str, read_back: Callable, expected: object, tmp_path: Path
+) -> None:
+    config = compose_attention(option, tmp_path, override)
+    model = build_model(config["model"], config["attention"], src_vocab_size=50, tgt_vocab_size=50, pad_id=0)
+    assert read_back(model.encoder[0].self_attn.kernel) == expected
+    assert read_back(model.decoder[0].self_attn.kernel) == expected
+
+
+def test_a_misspelt_kernel_option_is_named_with_the_valid_ones(tmp_path: Path) -> None:
+    config = compose_attention("sparse", tmp_path, "+attention.windw=3")
+    message = (
+        r"unknown key\(s\) \['windw'\] in attention; .* the options of kernel 'sparse': \['pattern', 'window'"
+    )
+    with pytest.raises(AttentionConfigError, match=message):
+        site_specs(config["attention"])
 
 
 def test_linear_config_with_attention_dropout_fails_when_the_model_is_built(tmp_path: Path) -> None:

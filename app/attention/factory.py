@@ -3,8 +3,9 @@
 The group sets every site at once; ``sites.<name>`` overrides single fields for one site, e.g.
 ``+attention.sites.cross.kernel=eager`` keeps full cross-attention under a sparse self-attention
 (Hydra's ``+`` adds a key that the YAML files leave out).
-``options`` belong to a kernel: a site override that switches to another kernel starts from that
-override's own ``options`` (none if it gives none), never from the group's.
+Keys other than ``kernel``, ``num_kv_heads`` and ``dropout`` are the kernel's options
+(``attention=sparse attention.window=64``): a site override that switches to another kernel starts from
+that override's own options (none if it gives none), never from the group's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from app.attention.multihead import MultiHeadAttention
-from app.attention.registry import AttentionConfigError, available_kernels, build_kernel, kernel_class
+from app.attention.registry import (
+    AttentionConfigError,
+    available_kernels,
+    build_kernel,
+    kernel_class,
+    kernel_options,
+)
 
 SITES = ("encoder_self", "decoder_self", "cross")
 
@@ -56,17 +63,27 @@ def _spec_from(cfg: Mapping[str, Any], *, where: str) -> AttentionSpec:
 
 
 def _merge(spec: AttentionSpec, overrides: Mapping[str, Any], *, where: str) -> AttentionSpec:
-    valid = {f.name for f in fields(AttentionSpec)}
+    """``spec`` updated by ``overrides``; keys that are not spec fields are the kernel's options.
+
+    Kernel options sit beside the spec keys (``attention.window=64``); the nested ``options:`` mapping
+    of configs stored in older checkpoints is read too. A key that is neither is named with its place.
+    """
+    spec_keys = {f.name for f in fields(AttentionSpec)} - {"options"}
     overrides = {k: v for k, v in overrides.items() if k != "name"}
-    bad = set(overrides) - valid
+    own_options = dict(overrides.pop("options", None) or {})
+    own_options.update({k: overrides.pop(k) for k in list(overrides) if k not in spec_keys})
+    kernel = overrides.get("kernel", spec.kernel)
+    valid_options = kernel_options(kernel)
+    bad = sorted(set(own_options) - set(valid_options))
     if bad:
-        raise AttentionConfigError(f"unknown key(s) {sorted(bad)} in {where}; valid keys: {sorted(valid)}")
-    own_options = dict(overrides.get("options") or {})
-    if overrides.get("kernel", spec.kernel) != spec.kernel:
-        overrides["options"] = own_options  # another kernel's options would be rejected or misread
-    elif "options" in overrides:
-        overrides["options"] = {**spec.options, **own_options}
-    return replace(spec, **overrides)
+        raise AttentionConfigError(
+            f"unknown key(s) {bad} in {where}; valid keys: {sorted(spec_keys)}, and the options of "
+            f"kernel {kernel!r}: {valid_options or 'none'}"
+        )
+    if kernel == spec.kernel:
+        own_options = {**spec.options, **own_options}
+    # else: another kernel's options would be rejected or misread, so the site starts from its own
+    return replace(spec, **overrides, options=own_options)
 
 
 def build_attention(spec: AttentionSpec, *, site: str, d_model: int, num_heads: int) -> MultiHeadAttention:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -44,4 +45,15 @@ def build_kernel(name: str, **options: Any) -> AttentionKernel:
     try:
         return cls(**options)
     except TypeError as err:
-        raise AttentionConfigError(f"attention kernel {name!r} rejected options {options}: {err}") from err
+        valid = ", ".join(kernel_options(name)) or "none"
+        raise AttentionConfigError(
+            f"attention kernel {name!r} rejected options {options}: {err}; its options: {valid} "
+            "(besides kernel, num_kv_heads, dropout and sites)"
+        ) from err
+
+
+def kernel_options(name: str) -> list[str]:
+    """The option names a kernel's constructor takes."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = inspect.signature(kernel_class(name).__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind in named]
