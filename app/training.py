@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
+from app.callbacks import BatchSamplerEpoch
 from app.checkpoint import load_translator
 from app.checkpoint_io import AtomicCheckpointIO
 from app.data.corpus import ParallelText
@@ -124,7 +125,11 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         save_last=True,
         save_top_k=1,
     )
-    callbacks: list[pl.Callback] = [checkpoints, LearningRateMonitor(logging_interval="step")]
+    callbacks: list[pl.Callback] = [
+        checkpoints,
+        LearningRateMonitor(logging_interval="step"),
+        BatchSamplerEpoch(),
+    ]
     if cfg.early_stopping.patience:
         callbacks.append(
             EarlyStopping(
