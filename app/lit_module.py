@@ -15,8 +15,8 @@ import torch
 
 from app.checkpoint import CHECKPOINT_KEY
 from app.data.batch import Batch
-from app.distributed import gather_objects
 from app.data.tokenizer import Tokenizer
+from app.distributed import gather_objects
 from app.losses import label_smoothed_nll
 from app.metrics import corpus_scores
 from app.models.seq2seq import Seq2Seq
@@ -74,7 +74,8 @@ class TranslationModule(pl.LightningModule):
             "fused": fused,
         }
         if nonfinite_loss not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite_loss={nonfinite_loss!r}; valid choices: {', '.join(NONFINITE_POLICIES)}")
+            choices = ", ".join(NONFINITE_POLICIES)
+            raise ValueError(f"nonfinite_loss={nonfinite_loss!r}; valid choices: {choices}")
         self.nonfinite_loss = nonfinite_loss
         self.valid_search = valid_search or SearchSettings(beam=1)
         self.pad_id = tgt_tokenizer.pad_id
@@ -103,7 +104,8 @@ class TranslationModule(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor] | None:
         loss, nll, ntok = self._losses(batch)
         # (3,) summed over ranks: loss, nll, target tokens of this step's batches on every rank
-        totals = self._sum_over_ranks(torch.stack([loss.detach().float(), nll.float(), loss.new_tensor(ntok)]))
+        local = torch.stack([loss.detach().float(), nll.float(), loss.new_tensor(ntok, dtype=torch.float32)])
+        totals = self._sum_over_ranks(local)
         if not torch.isfinite(totals[:2]).all():  # the same decision on every rank: the sums are global
             return self._nonfinite(batch, float(totals[0]))
         self._tokens_seen += batch.num_tokens
@@ -123,8 +125,8 @@ class TranslationModule(pl.LightningModule):
         )
         if self.nonfinite_loss == "stop":
             raise NonFiniteLossError(
-                f"non-finite training loss ({value}) at {where}. Lower optim.lr, keep gradient clipping, "
-                f"use trainer.precision=bf16-mixed or 32-true instead of 16-mixed, or set nonfinite_loss=skip."
+                f"non-finite training loss ({value}) at {where}. Lower optim.lr, keep gradient clipping, use "
+                f"trainer.precision=bf16-mixed or 32-true rather than 16-mixed, or set nonfinite_loss=skip."
             )
         self.skipped_batches += 1
         log.warning("skipping a batch with a non-finite loss (%s) at %s", value, where)

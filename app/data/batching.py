@@ -100,7 +100,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         return self._num_batches_total // self.num_replicas
 
     def __iter__(self) -> Iterator[list[int]]:
-        """This rank's batches of the current epoch; after :meth:`load_state_dict`, only those not yet trained on."""
+        """This rank's batches of the epoch; after :meth:`load_state_dict`, only those not trained on yet."""
         skip = 0
         if self._resume_at is not None and self._resume_at[0] == self.epoch:
             skip = self._resume_at[1]
@@ -140,10 +140,10 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
             len(self),
         )
         if not same_order:
+            saved = (state.get("seed"), state.get("num_replicas"), state.get("batches_per_epoch"))
             warnings.warn(
-                f"the checkpoint's batch order (seed, ranks, batches per epoch) "
-                f"{state.get('seed'), state.get('num_replicas'), state.get('batches_per_epoch')} differs from "
-                f"this run's {self.seed, self.num_replicas, len(self)}: epoch {epoch} restarts from its first batch",
+                f"the checkpoint's batch order (seed, ranks, batches per epoch) {saved} differs from this "
+                f"run's {self.seed, self.num_replicas, len(self)}: epoch {epoch} restarts at its first batch",
                 stacklevel=2,
             )
             consumed = 0
