@@ -82,7 +82,7 @@ class TranslationModule(pl.LightningModule):
         self._valid_hyps: dict[int, list[int]] = {}
         self._valid_sums = torch.zeros(3, dtype=torch.float64)  # this rank's loss, nll, target tokens
         self._tokens_seen, self._clock = 0, time.perf_counter()
-        self.tokens_trained = 0  # real source + target tokens of every training batch so far
+        self.tokens_trained = 0  # real source + target tokens of every training batch so far, all ranks
         self.skipped_batches = 0  # batches skipped for a non-finite loss (nonfinite_loss=skip)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
@@ -103,13 +103,13 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor] | None:
         loss, nll, ntok = self._losses(batch)
-        # (3,) summed over ranks: loss, nll, target tokens of this step's batches on every rank
-        local = torch.stack([loss.detach().float(), nll.float(), loss.new_tensor(ntok, dtype=torch.float32)])
-        totals = self._sum_over_ranks(local)
+        # (4,) summed over ranks: loss, nll, target tokens, source + target tokens of this step's batches
+        counts = torch.tensor([ntok, batch.num_tokens], dtype=torch.float32, device=loss.device)
+        totals = self._sum_over_ranks(torch.cat([torch.stack([loss.detach().float(), nll.float()]), counts]))
         if not torch.isfinite(totals[:2]).all():  # the same decision on every rank: the sums are global
             return self._nonfinite(batch, float(totals[0]))
-        self._tokens_seen += batch.num_tokens
-        self.tokens_trained += batch.num_tokens
+        self._tokens_seen += int(totals[3])  # source + target tokens of all ranks
+        self.tokens_trained += int(totals[3])
         mean_loss = totals[0] / totals[2]
         self.log("train/loss", mean_loss, prog_bar=True, batch_size=ntok)
         self.log("train/nll", totals[1] / totals[2], batch_size=ntok)
