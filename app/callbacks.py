@@ -109,7 +109,9 @@ class BatchTrace(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        loss = outputs.get("token_loss", outputs["loss"]) if isinstance(outputs, dict) else outputs
+        if isinstance(outputs, dict):  # {} or None for a skipped batch
+            outputs = outputs.get("token_loss", outputs.get("loss"))
+        loss = outputs
         record = {
             "step": trainer.global_step,
             "epoch": trainer.current_epoch,

@@ -88,3 +88,11 @@ def run_train(overrides: list[str], timeout: float = 300) -> subprocess.Complete
 def read_trace(path: Path) -> list[dict[str, Any]]:
     """The records ``debug.trace_batches`` wrote, in order."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compose_train(overrides: list[str]) -> Any:
+    """The composed train config for in-process runs (Hydra's own ``hydra.*`` overrides left out)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")])
