@@ -149,7 +149,7 @@ class TranslationModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """Token-weighted loss over all ranks' batches; BLEU of every rank's hypotheses, in corpus order."""
         sums = self._sum_over_ranks(self._valid_sums.to(self.device))
-        self._valid_sums.zero_()
+        self._valid_sums = torch.zeros_like(self._valid_sums)  # not zero_(): sums may be the same tensor
         if sums[2] > 0:
             self.log("val/loss", float(sums[0] / sums[2]))
             self.log("val/nll", float(sums[1] / sums[2]))
