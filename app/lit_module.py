@@ -172,18 +172,20 @@ class TranslationModule(pl.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's clipping, except for a fused optimizer under a gradient scaler (16-mixed on GPU).
+        """Lightning's clipping, done here for a fused optimizer, which Lightning's mixed precision refuses.
 
-        Lightning refuses to clip there because a fused step unscales the gradients itself. Unscaling
-        them explicitly first is what torch supports (the fused step then skips its own unscaling), so
-        clipping sees the true gradient norm.
+        Lightning's mixed-precision plugin (bf16-mixed and 16-mixed) will not clip for a fused optimizer
+        because a fused step can unscale fp16 gradients itself. Without a gradient scaler (bf16) there is
+        nothing to unscale; with one (16-mixed) the gradients are unscaled explicitly first, which torch
+        supports (the fused step then skips its own unscaling). Either way clipping sees true gradients.
         """
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         fused = any(group.get("fused") for group in optimizer.param_groups)
-        if scaler is None or not fused or not gradient_clip_val:
+        if not fused or not gradient_clip_val:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        scaler.unscale_(optimizer)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         if gradient_clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
         else:
