@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
 RUN_DIR ?= runs/quickstart
 
-.PHONY: help install data demo test test-fast lint format bench clean
+.PHONY: help install data demo test test-fast lint format bench bench-train clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ format: install  ## apply ruff fixes and formatting
 
 bench:  ## attention benchmark: time and memory vs length for every kernel (CSV + PNG in docs/bench)
 	$(PY) scripts/bench_attention.py --device cpu
+
+bench-train: install  ## training tokens/s and peak memory of the quickstart config (BENCH_ARGS: more overrides)
+	$(PY) scripts/bench_train.py experiment=quickstart $(BENCH_ARGS)
 
 clean:  ## remove caches and run outputs (keeps data/ and the venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache
