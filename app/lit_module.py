@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -24,6 +25,10 @@ from app.optim import build_optimizer
 from app.translator import SearchSettings, Translator
 
 log = logging.getLogger(__name__)
+
+# Validation metrics are computed from values reduced over all ranks, so every rank logs the same number;
+# Lightning cannot know that and recommends sync_dist=True for each of them in distributed runs.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val/")
 
 
 NONFINITE_POLICIES = ("stop", "skip")
