@@ -24,7 +24,9 @@ def corpus(multi30k_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
-def test_short_gpu_training_with_fused_adamw_and_clipping(corpus: Path, tmp_path: Path, precision: str) -> None:
+def test_short_gpu_training_with_fused_adamw_and_clipping(
+    corpus: Path, tmp_path: Path, precision: str
+) -> None:
     """16-mixed: the gradient scaler plus a fused optimizer, clipped after explicit unscaling."""
     overrides = tiny_overrides(corpus, tmp_path / "run", tmp_path / "cache", "trainer.max_steps=20")
     overrides = [o for o in overrides if not o.startswith(("trainer.accelerator", "trainer.precision"))]
@@ -38,7 +40,8 @@ def test_short_gpu_training_with_fused_adamw_and_clipping(corpus: Path, tmp_path
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_ddp_on_two_gpus(corpus: Path, tmp_path: Path) -> None:
-    overrides = tiny_overrides(corpus, tmp_path / "run", tmp_path / "cache", "trainer=ddp", "trainer.devices=2")
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(corpus, run_dir, tmp_path / "cache", "trainer=ddp", "trainer.devices=2")
     overrides = [o for o in overrides if not o.startswith(("trainer.accelerator", "trainer.precision"))]
     run_train([*overrides, "trainer.max_steps=10"])
     assert json.loads((tmp_path / "run" / "results.json").read_text())["world_size"] == 2
