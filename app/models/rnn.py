@@ -45,7 +45,7 @@ class RNNEncoder(nn.Module):
         )
 
     def forward(self, embedded: Tensor, mask: Tensor) -> Tensor:
-        """``embedded`` (B, S, E), ``mask`` (B, S) with real tokens first; returns (B, S, 2H), 0 at padding."""
+        """``embedded`` (B, S, E), ``mask`` (B, S), real tokens first; returns (B, S, 2H), 0 at padding."""
         lengths = mask.sum(dim=1).clamp(min=1).cpu()
         packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
         output, _ = self.rnn(packed)

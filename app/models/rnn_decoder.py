@@ -8,6 +8,7 @@ is the full forward by construction. Per sentence, the mechanism's key projectio
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -71,7 +72,7 @@ class RNNState(DecoderState):
         self.mask = self.mask.index_select(0, index)
 
 
-class RNNDecoder(nn.Module):
+class RNNDecoder(nn.Module, ABC):
     """What both decoders share: the stacked cell, attention, the pre-output layer and dropout.
 
     ``output_size`` is the width of the vector handed to the output layer (the embedding size, so the
@@ -120,9 +121,12 @@ class RNNDecoder(nn.Module):
     def attend(self, query: Tensor, state: RNNState) -> MechanismOutput:
         return self.attention(query, state.keys, state.memory, state.mask)
 
+    @abstractmethod
     def step(self, embedded: Tensor, state: RNNState) -> tuple[Tensor, Tensor]:
-        """One target position: ``embedded`` (B, E) previous token; returns (output (B, E), weights (B, S))."""
-        raise NotImplementedError
+        """One target position from the previous token's embedding (B, E); updates ``state``.
+
+        Returns the vector for the output layer (B, E) and the attention weights (B, S).
+        """
 
 
 class BahdanauDecoder(RNNDecoder):
