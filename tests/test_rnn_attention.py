@@ -90,7 +90,7 @@ def test_every_mechanism_has_a_reference() -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_scores_match_the_formula_in_float64(name: str) -> None:
     mechanism = make(name).double()
-    query, memory, mask = (t.double() if t.is_floating_point() else t for t in inputs(name))
+    query, memory, _ = (t.double() if t.is_floating_point() else t for t in inputs(name))
     memory = memory.clamp(max=3.0)  # keep padded scores finite for the score comparison
     scores = mechanism.score(query, mechanism.project_keys(memory))
     expected = CASES[name][0](mechanism, query, memory)
