@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
-from app.callbacks import BatchSamplerEpoch
+from app.callbacks import BatchSamplerEpoch, ElapsedTime
 from app.checkpoint import load_translator
 from app.checkpoint_io import AtomicCheckpointIO
 from app.data.corpus import ParallelText
@@ -129,6 +129,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         checkpoints,
         LearningRateMonitor(logging_interval="step"),
         BatchSamplerEpoch(),
+        ElapsedTime(),
     ]
     if cfg.early_stopping.patience:
         callbacks.append(
