@@ -179,11 +179,17 @@ def evaluate_checkpoint(
     """Translate ``sources`` with the checkpoint and score against ``references``."""
     translator, _ = load_translator(path)
     settings = SearchSettings(**OmegaConf.to_container(cfg.test_search, resolve=True))
+    started = time.perf_counter()
     hyps = translator.translate(sources, settings)
+    decode_seconds = time.perf_counter() - started
     scores = corpus_scores(hyps, references)
     return {
         "checkpoint": str(path),
         "test_set": cfg.data.get("test_name", "test"),
         "beam": settings.beam,
         **scores.rounded(prefix="test_"),
+        # decoding cost of the whole test set (batched as test_search says, tokenization included)
+        "test_decode_seconds": round(decode_seconds, 2),
+        "test_decode_sentences_per_s": round(len(sources) / max(decode_seconds, 1e-9), 1),
+        "test_decode_threads": torch.get_num_threads(),
     }
