@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
 RUN_DIR ?= runs/quickstart
 
-.PHONY: help install data demo test test-all lint format bench clean
+.PHONY: help install data demo test test-fast lint format bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -26,11 +26,11 @@ demo: data  ## the main job: train the quickstart experiment (<= 10 min on 2 CPU
 	$(PY) train.py experiment=quickstart hydra.run.dir=$(RUN_DIR)
 	$(PY) translate.py $(RUN_DIR)/checkpoints/best.ckpt "Ein Mann fährt mit dem Fahrrad." "Zwei Hunde spielen im Schnee."
 
-test: install  ## the default test suite (fast; no slow-marked tests)
-	$(PY) -m pytest -q
-
-test-all: install  ## every test, slow ones included
+test: install  ## every test, slow-marked ones included (what CI runs)
 	$(PY) -m pytest -q -m "slow or not slow"
+
+test-fast: install  ## the quick development loop: slow-marked tests deselected
+	$(PY) -m pytest -q
 
 lint: install  ## ruff lint and format check
 	$(VENV)/bin/ruff check .

@@ -5,7 +5,10 @@ import logging
 import hydra
 from omegaconf import DictConfig
 
+from app.distributed import register_resolvers
 from app.training import train
+
+register_resolvers()  # before Hydra reads conf/train.yaml
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

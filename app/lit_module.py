@@ -5,6 +5,7 @@ It receives a built model and knows nothing about configs beyond what it stores 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 
 from app.checkpoint import CHECKPOINT_KEY
 from app.data.batch import Batch
+from app.distributed import gather_objects
 from app.data.tokenizer import Tokenizer
 from app.losses import label_smoothed_nll
 from app.metrics import corpus_scores
@@ -21,8 +23,26 @@ from app.models.seq2seq import Seq2Seq
 from app.optim import build_optimizer
 from app.translator import SearchSettings, Translator
 
+log = logging.getLogger(__name__)
+
+
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite (and ``nonfinite_loss=stop``)."""
+
 
 class TranslationModule(pl.LightningModule):
+    """Label-smoothed training, validation loss and BLEU; every metric is exact across ranks.
+
+    The training loss of a step is the token-weighted mean over the batches of all ranks: each rank
+    scales its summed loss by ``world_size / tokens of all ranks``, so DDP's gradient averaging yields
+    the gradient of that mean (a plain mean of per-rank means would weight short batches too much).
+    Validation sums loss and tokens over ranks and gathers the hypotheses of every rank for BLEU, so
+    the logged values equal a single-process run's on the same data.
+    """
+
     def __init__(
         self,
         *,
@@ -36,7 +56,9 @@ class TranslationModule(pl.LightningModule):
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         warmup_steps: int = 4000,
+        fused: bool = False,
         valid_search: SearchSettings | None = None,
+        nonfinite_loss: str = "stop",
     ) -> None:
         super().__init__()
         self.model = model
@@ -49,12 +71,20 @@ class TranslationModule(pl.LightningModule):
             "betas": tuple(betas),
             "eps": eps,
             "warmup": warmup_steps,
+            "fused": fused,
         }
+        if nonfinite_loss not in NONFINITE_POLICIES:
+            raise ValueError(
+                f"nonfinite_loss={nonfinite_loss!r}; valid choices: {', '.join(NONFINITE_POLICIES)}"
+            )
+        self.nonfinite_loss = nonfinite_loss
         self.valid_search = valid_search or SearchSettings(beam=1)
         self.pad_id = tgt_tokenizer.pad_id
         self._valid_hyps: dict[int, list[int]] = {}
+        self._valid_sums = torch.zeros(3, dtype=torch.float64)  # this rank's loss, nll, target tokens
         self._tokens_seen, self._clock = 0, time.perf_counter()
         self.tokens_trained = 0  # real source + target tokens of every training batch so far
+        self.skipped_batches = 0  # batches skipped for a non-finite loss (nonfinite_loss=skip)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
@@ -66,13 +96,44 @@ class TranslationModule(pl.LightningModule):
         )
         return loss, nll, batch.num_target_tokens
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+    def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` summed over all ranks (unchanged in a single process)."""
+        if self.trainer.world_size == 1:
+            return values
+        return self.trainer.strategy.reduce(values.clone(), reduce_op="sum")
+
+    def training_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor] | None:
         loss, nll, ntok = self._losses(batch)
+        # (3,) summed over ranks: loss, nll, target tokens of this step's batches on every rank
+        totals = self._sum_over_ranks(
+            torch.stack([loss.detach().float(), nll.float(), loss.new_tensor(ntok)])
+        )
+        if not torch.isfinite(totals[:2]).all():  # the same decision on every rank: the sums are global
+            return self._nonfinite(batch, float(totals[0]))
         self._tokens_seen += batch.num_tokens
         self.tokens_trained += batch.num_tokens
-        self.log("train/loss", loss / ntok, prog_bar=True, batch_size=ntok)
-        self.log("train/nll", nll / ntok, batch_size=ntok)
-        return loss / ntok
+        mean_loss = totals[0] / totals[2]
+        self.log("train/loss", mean_loss, prog_bar=True, batch_size=ntok)
+        self.log("train/nll", totals[1] / totals[2], batch_size=ntok)
+        # DDP averages gradients over ranks: scaling by world_size / all tokens gives the token-weighted mean.
+        return {"loss": loss * (self.trainer.world_size / totals[2]), "token_loss": mean_loss}
+
+    def _nonfinite(self, batch: Batch, value: float) -> None:
+        """Stop with the step and batch size in the message, or skip the batch and count it."""
+        where = (
+            f"step {self.global_step} (epoch {self.current_epoch}), batch of {batch.src.size(0)} sentences, "
+            f"{batch.num_target_tokens} target tokens, padded sizes src {tuple(batch.src.shape)} "
+            f"tgt {tuple(batch.tgt_out.shape)}"
+        )
+        if self.nonfinite_loss == "stop":
+            raise NonFiniteLossError(
+                f"non-finite training loss ({value}) at {where}. Lower optim.lr, keep gradient clipping, "
+                f"use trainer.precision=bf16-mixed or 32-true instead of 16-mixed, or set nonfinite_loss=skip."
+            )
+        self.skipped_batches += 1
+        log.warning("skipping a batch with a non-finite loss (%s) at %s", value, where)
+        self.log("train/skipped_batches", float(self.skipped_batches))
+        return None
 
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
         if (batch_idx + 1) % max(self.trainer.log_every_n_steps, 1) == 0:
@@ -82,24 +143,53 @@ class TranslationModule(pl.LightningModule):
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         loss, nll, ntok = self._losses(batch)
-        self.log("val/loss", loss / ntok, batch_size=ntok, sync_dist=True)
-        self.log("val/nll", nll / ntok, batch_size=ntok, sync_dist=True)
+        self._valid_sums += torch.tensor([float(loss), float(nll), ntok], dtype=torch.float64)
         sources = [row[row != self.pad_id].tolist() for row in batch.src]
         hyps = self.translator.translate_ids(sources, self.valid_search)
         self._valid_hyps.update(zip(batch.index.tolist(), hyps, strict=True))
 
     def on_validation_epoch_end(self) -> None:
-        references = self.trainer.datamodule.valid_references
-        if len(self._valid_hyps) != len(references):  # sanity check runs or limit_val_batches: no BLEU
-            self._valid_hyps.clear()
-            return
-        order = sorted(self._valid_hyps)
-        hyps = self.translator.tgt_tokenizer.decode([self._valid_hyps[i] for i in order])
-        scores = corpus_scores(hyps, references)
+        """Token-weighted loss over all ranks' batches; BLEU of every rank's hypotheses, in corpus order."""
+        sums = self._sum_over_ranks(self._valid_sums.to(self.device))
+        self._valid_sums.zero_()
+        if sums[2] > 0:
+            self.log("val/loss", float(sums[0] / sums[2]))
+            self.log("val/nll", float(sums[1] / sums[2]))
+        hyp_ids: dict[int, list[int]] = {}
+        for part in gather_objects(self._valid_hyps):
+            hyp_ids.update(part)
         self._valid_hyps.clear()
+        references = self.trainer.datamodule.valid_references
+        if len(hyp_ids) != len(references):  # sanity check runs or limit_val_batches: no BLEU
+            return
+        hyps = self.translator.tgt_tokenizer.decode([hyp_ids[i] for i in sorted(hyp_ids)])
+        scores = corpus_scores(hyps, references)
         self.log("val/bleu", scores.bleu, prog_bar=True)
         self.log("val/bleu_lc", scores.bleu_lc)
         self.log("val/chrf", scores.chrf)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping, except for a fused optimizer under a gradient scaler (16-mixed on GPU).
+
+        Lightning refuses to clip there because a fused step unscales the gradients itself. Unscaling
+        them explicitly first is what torch supports (the fused step then skips its own unscaling), so
+        clipping sees the true gradient norm.
+        """
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        fused = any(group.get("fused") for group in optimizer.param_groups)
+        if scaler is None or not fused or not gradient_clip_val:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        scaler.unscale_(optimizer)
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer, scheduler = build_optimizer(self.model, **self.optim_args)

@@ -7,6 +7,7 @@ import json
 import logging
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,21 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
+from app.callbacks import (
+    BatchSamplerEpoch,
+    BatchTrace,
+    ElapsedTime,
+    RngState,
+    SameRunDirectory,
+    SamplerPosition,
+)
 from app.checkpoint import load_translator
 from app.checkpoint_io import AtomicCheckpointIO
 from app.data.corpus import ParallelText
 from app.data.datamodule import TranslationDataModule
 from app.data.sources import load_corpora
 from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
+from app.distributed import launched_as_rank_zero
 from app.hardware import resolve_precision
 from app.lit_module import TranslationModule
 from app.loggers import build_logger, log_results_and_close
@@ -31,10 +41,30 @@ from app.translator import SearchSettings
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Run:
+    """Everything ``trainer.fit`` needs, built from a config (see :func:`build_run`)."""
+
+    corpora: dict[str, ParallelText]
+    module: TranslationModule
+    datamodule: TranslationDataModule
+    trainer: pl.Trainer
+    run_dir: Path
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train the configured model; returns (and writes to ``results.json``) its test-set scores."""
+    """Train the configured model; returns (and writes to ``results.json``) its test-set scores.
+
+    Every rank of a distributed run executes this; only global rank 0 evaluates and writes results.
+    """
+    return fit_and_evaluate(build_run(cfg), cfg)
+
+
+def build_run(cfg: DictConfig) -> Run:
+    """Corpus, tokenizers, model, LightningModule, DataModule and Trainer for ``cfg``, ready to fit."""
     run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if launched_as_rank_zero():
+        run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(cfg.seed, workers=True)
     if cfg.get("num_threads"):
         torch.set_num_threads(cfg.num_threads)
@@ -50,6 +80,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         pad_id=tgt_tok.pad_id,
     )
     log.info("model: %s parameters", f"{model.num_parameters():,}")
+    if cfg.get("compile"):
+        model.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay the same
     datamodule = TranslationDataModule(
         corpora=corpora,
         src_tokenizer=src_tok,
@@ -66,23 +98,38 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tgt_tokenizer=tgt_tok,
         config=config,
         valid_search=SearchSettings(**config["valid_search"]),
+        nonfinite_loss=cfg.get("nonfinite_loss", "stop"),
         **config["optim"],
     )
-    trainer = build_trainer(cfg, run_dir)
+    return Run(corpora, module, datamodule, build_trainer(cfg, run_dir), run_dir)
+
+
+def fit_and_evaluate(run: Run, cfg: DictConfig) -> dict[str, Any]:
+    """Fit (resuming when asked), then on rank 0 score the best checkpoint on the test set."""
+    trainer, module = run.trainer, run.module
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, run_dir))
+    trainer.fit(module, datamodule=run.datamodule, ckpt_path=resume_path(cfg, run.run_dir))
     fit_seconds = time.perf_counter() - started
     if not trainer.is_global_zero:
         return {}
-    best = trainer.checkpoint_callback.best_model_path or trainer.checkpoint_callback.last_model_path
+    test = run.corpora["test"]
     results = {
-        **evaluate_checkpoint(best, corpora["test"].src, corpora["test"].tgt, cfg),
+        **evaluate_checkpoint(final_checkpoint(trainer), test.src, test.tgt, cfg),
         **run_statistics(trainer, module, fit_seconds),
     }
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (run.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     log_results_and_close(trainer.logger, results)
     log.info("test scores: %s", json.dumps(results))
     return results
+
+
+def final_checkpoint(trainer: pl.Trainer) -> str:
+    """The checkpoint to evaluate: the best by validation BLEU, else the most recent one written."""
+    callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+    for path in [cb.best_model_path for cb in callbacks] + [cb.last_model_path for cb in callbacks]:
+        if path:
+            return path
+    raise RuntimeError("training wrote no checkpoint (no validation and no checkpoint.every_n_steps?)")
 
 
 def subword_tokenizers(data_cfg: dict[str, Any], train: ParallelText) -> tuple[Tokenizer, Tokenizer]:
@@ -105,6 +152,8 @@ def run_statistics(trainer: pl.Trainer, module: TranslationModule, fit_seconds: 
         "fit_seconds": round(fit_seconds, 1),
         # throughput of the whole fit, validation included; the training-step rate is train/tokens_per_s
         "train_tokens_per_s": round(module.tokens_trained / fit_seconds),
+        "skipped_batches": module.skipped_batches,
+        "world_size": trainer.world_size,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
 
@@ -116,24 +165,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     options["precision"] = resolve_precision(
         options.get("precision", "32-true"), str(options.get("accelerator"))
     )
-    checkpoints = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints",
-        filename="best",
-        monitor="val/bleu",
-        mode="max",
-        save_last=True,
-        save_top_k=1,
-    )
-    callbacks: list[pl.Callback] = [checkpoints, LearningRateMonitor(logging_interval="step")]
-    if cfg.early_stopping.patience:
-        callbacks.append(
-            EarlyStopping(
-                monitor="val/bleu",
-                mode="max",
-                patience=cfg.early_stopping.patience,
-                check_on_train_epoch_end=False,
-            )
-        )
+    callbacks = [*checkpoint_callbacks(cfg, run_dir), *training_callbacks(cfg, run_dir)]
     if options.get("enable_progress_bar", True):
         callbacks.append(RichProgressBar())
     return pl.Trainer(
@@ -144,6 +176,55 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the token-bucket sampler shards by rank itself
     )
+
+
+def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
+    """``best.ckpt`` (validation BLEU) and ``last.ckpt``; with ``checkpoint.every_n_steps`` also
+    ``last.ckpt`` every N optimizer steps plus the latest ``checkpoint.keep_last`` ``step-N.ckpt`` files
+    (for :func:`app.checkpoint.average_checkpoints`). Only rank 0 writes, atomically."""
+    directory = run_dir / "checkpoints"
+    best = ModelCheckpoint(
+        dirpath=directory, filename="best", monitor="val/bleu", mode="max", save_last=True, save_top_k=1
+    )
+    every = cfg.checkpoint.get("every_n_steps")
+    if not every:
+        return [best]
+    steps = ModelCheckpoint(
+        dirpath=directory,
+        filename="step-{step:07d}",
+        auto_insert_metric_name=False,
+        monitor="step",  # the newest checkpoints are the "best": keep_last of them stay on disk
+        mode="max",
+        save_top_k=cfg.checkpoint.get("keep_last", 0),
+        every_n_train_steps=every,
+        save_last=True,
+    )
+    return [best, steps]
+
+
+def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
+    """Learning-rate and elapsed-time logging, batch order and resume state, early stopping, batch tracing."""
+    callbacks: list[pl.Callback] = [
+        LearningRateMonitor(logging_interval="step"),
+        BatchSamplerEpoch(),
+        SamplerPosition(),
+        RngState(),
+        SameRunDirectory(run_dir),
+        ElapsedTime(),
+    ]
+    if cfg.early_stopping.patience:
+        callbacks.append(
+            EarlyStopping(
+                monitor="val/bleu",
+                mode="max",
+                patience=cfg.early_stopping.patience,
+                check_on_train_epoch_end=False,
+            )
+        )
+    trace = cfg.get("debug", {}).get("trace_batches")
+    if trace:
+        callbacks.append(BatchTrace(trace))
+    return callbacks
 
 
 def check_trainer_options(options: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ form big batches and long ones small batches, and memory use is steady.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -83,11 +84,15 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.max_sentences = max_sentences
         self.epoch = 0
+        self._consumed = 0  # batches of this epoch the training loop has finished (see mark_consumed)
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches to skip) from load_state_dict
         # Batch boundaries depend only on the sorted length sequence, which is the same every epoch.
         self._num_batches_total = len(self._equalize(self._pack(self._sorted_indices(None))))
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose shuffle to use (different epochs give different batch orders)."""
+        if epoch != self.epoch:
+            self._consumed = 0
         self.epoch = epoch
 
     def __len__(self) -> int:
@@ -95,8 +100,57 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         return self._num_batches_total // self.num_replicas
 
     def __iter__(self) -> Iterator[list[int]]:
+        """This rank's batches of the current epoch; after :meth:`load_state_dict`, only those not yet trained on."""
+        skip = 0
+        if self._resume_at is not None and self._resume_at[0] == self.epoch:
+            skip = self._resume_at[1]
+        self._resume_at = None
         batches = self._epoch_batches(self.epoch)
-        yield from batches[self.rank :: self.num_replicas]
+        yield from batches[self.rank :: self.num_replicas][skip:]
+
+    # -- resuming mid-epoch ------------------------------------------------------------------------------
+
+    def mark_consumed(self, batches: int) -> None:
+        """Record that the training loop has finished the first ``batches`` batches of the current epoch.
+
+        The loop, not the iterator, knows this: data loaders fetch batches ahead of the step that uses them.
+        """
+        self._consumed = batches
+
+    def state_dict(self) -> dict[str, int]:
+        """Where training stands in the batch order: enough to continue with the very next batch."""
+        return {
+            "epoch": self.epoch,
+            "batches_consumed": self._consumed,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "batches_per_epoch": len(self),
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from ``state``: the next iteration yields the epoch's batches after the consumed ones.
+
+        A finished epoch continues with the next one. When the batch order cannot be reproduced (another
+        seed, number of ranks or corpus), the saved epoch restarts from its first batch, with a warning.
+        """
+        epoch, consumed = int(state["epoch"]), int(state["batches_consumed"])
+        same_order = (state.get("seed"), state.get("num_replicas"), state.get("batches_per_epoch")) == (
+            self.seed,
+            self.num_replicas,
+            len(self),
+        )
+        if not same_order:
+            warnings.warn(
+                f"the checkpoint's batch order (seed, ranks, batches per epoch) "
+                f"{state.get('seed'), state.get('num_replicas'), state.get('batches_per_epoch')} differs from "
+                f"this run's {self.seed, self.num_replicas, len(self)}: epoch {epoch} restarts from its first batch",
+                stacklevel=2,
+            )
+            consumed = 0
+        if consumed >= len(self):
+            epoch, consumed = epoch + 1, 0
+        self.epoch, self._consumed = epoch, consumed
+        self._resume_at = (epoch, consumed)
 
     def _sorted_indices(self, rng: np.random.Generator | None) -> list[int]:
         """Indices in ascending length order; equal lengths in random order when ``rng`` is given."""

@@ -15,6 +15,21 @@ from app.data.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 
+class ResumableDataLoader(DataLoader):
+    """A DataLoader whose position in the epoch goes into Lightning checkpoints and comes back on resume.
+
+    Lightning saves ``state_dict()`` of every training loader that has one (under the fit loop's state)
+    and calls ``load_state_dict`` before it iterates again, so a run resumed mid-epoch continues with
+    the batch after the last one trained on. The position itself is kept by the batch sampler.
+    """
+
+    def state_dict(self) -> dict[str, int]:
+        return self.batch_sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.batch_sampler.load_state_dict(state)
+
+
 class TranslationDataModule(pl.LightningDataModule):
     """Holds the encoded corpus; training batches are sharded over ranks by the sampler itself.
 
@@ -80,7 +95,12 @@ class TranslationDataModule(pl.LightningDataModule):
             )
         return [s[:limit] for s in sequences]
 
-    def _loader(self, split: str, *, train: bool) -> DataLoader:
+    def _loader(self, split: str, *, train: bool) -> ResumableDataLoader:
+        """Token-bucket batches of ``split``, sharded over the trainer's ranks (training and validation).
+
+        Validation batches keep the length order (no shuffle); each rank decodes its share and the
+        LightningModule gathers the hypotheses back by example index.
+        """
         dataset = self.datasets[split]
         trainer = self.trainer
         sampler = TokenBucketBatchSampler(
@@ -88,10 +108,10 @@ class TranslationDataModule(pl.LightningDataModule):
             max_tokens=self.max_tokens if train else self.eval_max_tokens,
             shuffle=train,
             seed=self.seed,
-            num_replicas=trainer.world_size if (train and trainer) else 1,
-            rank=trainer.global_rank if (train and trainer) else 0,
+            num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0,
         )
-        return DataLoader(
+        return ResumableDataLoader(
             dataset, batch_sampler=sampler, collate_fn=self.collate, num_workers=self.num_workers
         )
 

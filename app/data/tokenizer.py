@@ -18,6 +18,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from app.distributed import launched_as_local_zero, wait_for_file
+
 __all__ = [
     "BOS_ID",
     "EOS_ID",
@@ -216,21 +218,35 @@ def _train_model_proto(texts: list[str], config: SubwordConfig) -> bytes:
     return writer.getvalue()
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the target directory, then rename, so readers never see a partial file."""
+def _publish_once(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` unless another process published it first; readers never see a partial file.
+
+    The file is written under a temporary name and hard-linked into place: unlike a rename, the link fails
+    when ``path`` already exists, so the first model published is the one every process loads (two
+    sentencepiece trainings of the same corpus are not guaranteed to give identical models).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spm-tmp-") as tmp_dir:
         tmp_path = Path(tmp_dir) / path.name
         tmp_path.write_bytes(data)
-        os.replace(tmp_path, path)
+        try:
+            os.link(tmp_path, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: fall back to an atomic rename
+            os.replace(tmp_path, path)
 
 
 def _train_or_load_one(
     texts: list[str], config: SubwordConfig, cache_dir: Path, corpus_key: str, side: str
 ) -> Tokenizer:
+    """Load the cached model; train it first on the node's first process, wait for it on the others."""
     path = _model_path(cache_dir, config, corpus_key, side, texts)
     if not path.is_file():
-        _write_atomically(path, _train_model_proto(texts, config))
+        if launched_as_local_zero():
+            _publish_once(path, _train_model_proto(texts, config))
+        else:
+            wait_for_file(path)
     return Tokenizer.from_file(path)
 
 
