@@ -174,18 +174,20 @@ class TranslationModule(pl.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's clipping, except for a fused optimizer under a gradient scaler (16-mixed on GPU).
+        """Lightning's clipping, except for a fused optimizer under mixed precision.
 
-        Lightning refuses to clip there because a fused step unscales the gradients itself. Unscaling
-        them explicitly first is what torch supports (the fused step then skips its own unscaling), so
-        clipping sees the true gradient norm.
+        Lightning's mixed-precision plugins refuse to clip for any fused optimizer (it may unscale the
+        gradients itself), bf16-mixed included, where no scaler exists. Under a gradient scaler (16-mixed
+        on GPU) unscaling explicitly first is what torch supports (the fused step then skips its own
+        unscaling); without one the gradients are already true. Either way clipping sees the true norm.
         """
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         fused = any(group.get("fused") for group in optimizer.param_groups)
-        if scaler is None or not fused or not gradient_clip_val:
+        if not fused or not gradient_clip_val:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        scaler.unscale_(optimizer)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         if gradient_clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
         else:
