@@ -30,7 +30,9 @@ RNN_CLASSES: dict[str, type[nn.RNNBase]] = {"gru": nn.GRU, "lstm": nn.LSTM}
 class RNNEncoder(nn.Module):
     """Bidirectional multi-layer GRU/LSTM over packed sequences; outputs [forward; backward] states."""
 
-    def __init__(self, *, cell: str, input_size: int, hidden_size: int, num_layers: int, dropout: float):
+    def __init__(
+        self, *, cell: str, input_size: int, hidden_size: int, num_layers: int, dropout: float
+    ) -> None:
         super().__init__()
         if cell not in RNN_CLASSES:
             raise ValueError(f"unknown RNN cell {cell!r}; valid choices: {', '.join(sorted(RNN_CLASSES))}")
@@ -62,7 +64,7 @@ class Bridge(nn.Module):
     from the backward state alone; Luong et al. 2015 from the encoder's last state.
     """
 
-    def __init__(self, *, encoder_hidden_size: int, hidden_size: int, num_layers: int, is_lstm: bool):
+    def __init__(self, *, encoder_hidden_size: int, hidden_size: int, num_layers: int, is_lstm: bool) -> None:
         super().__init__()
         self.num_layers, self.hidden_size = num_layers, hidden_size
         self.parts = 2 if is_lstm else 1  # LSTM layers start with (h, c)

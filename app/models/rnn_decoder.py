@@ -26,7 +26,9 @@ class StackedCell(nn.Module):
 
     CELLS: ClassVar[dict[str, type[nn.RNNCellBase]]] = {"gru": nn.GRUCell, "lstm": nn.LSTMCell}
 
-    def __init__(self, *, cell: str, input_size: int, hidden_size: int, num_layers: int, dropout: float):
+    def __init__(
+        self, *, cell: str, input_size: int, hidden_size: int, num_layers: int, dropout: float
+    ) -> None:
         super().__init__()
         if cell not in self.CELLS:
             raise ValueError(f"unknown RNN cell {cell!r}; valid choices: {', '.join(sorted(self.CELLS))}")
@@ -136,15 +138,27 @@ class BahdanauDecoder(RNNDecoder):
     o_t = tanh(W_o [s_t; c_t; E y_{t-1}])     (the paper's deep output, tanh instead of maxout)
     """
 
-    def __init__(self, *, attention: AttentionMechanism, embedding_size: int, hidden_size: int, **common):
-        memory_size = common["memory_size"]
+    def __init__(
+        self,
+        *,
+        attention: AttentionMechanism,
+        cell: str,
+        embedding_size: int,
+        hidden_size: int,
+        memory_size: int,
+        num_layers: int,
+        dropout: float,
+    ) -> None:
         super().__init__(
             attention=attention,
+            cell=cell,
             embedding_size=embedding_size,
             hidden_size=hidden_size,
-            rnn_input_size=embedding_size + memory_size,
-            pre_output_input_size=hidden_size + memory_size + embedding_size,
-            **common,
+            memory_size=memory_size,
+            num_layers=num_layers,
+            dropout=dropout,
+            rnn_input_size=embedding_size + memory_size,  # [E y_{t-1}; c_t]
+            pre_output_input_size=hidden_size + memory_size + embedding_size,  # [s_t; c_t; E y_{t-1}]
         )
 
     def step(self, embedded: Tensor, state: RNNState) -> tuple[Tensor, Tensor]:
@@ -167,19 +181,24 @@ class LuongDecoder(RNNDecoder):
         self,
         *,
         attention: AttentionMechanism,
+        cell: str,
         embedding_size: int,
         hidden_size: int,
+        memory_size: int,
+        num_layers: int,
+        dropout: float,
         input_feeding: bool = True,
-        **common,
-    ):
-        memory_size = common["memory_size"]
+    ) -> None:
         super().__init__(
             attention=attention,
+            cell=cell,
             embedding_size=embedding_size,
             hidden_size=hidden_size,
-            rnn_input_size=embedding_size * (2 if input_feeding else 1),
-            pre_output_input_size=memory_size + hidden_size,
-            **common,
+            memory_size=memory_size,
+            num_layers=num_layers,
+            dropout=dropout,
+            rnn_input_size=embedding_size * (2 if input_feeding else 1),  # [E y_{t-1}; h~_{t-1}]
+            pre_output_input_size=memory_size + hidden_size,  # [c_t; s_t]
         )
         self.input_feeding = input_feeding
 
