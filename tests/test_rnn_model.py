@@ -247,3 +247,23 @@ def test_bad_model_settings_are_named() -> None:
             tgt_vocab_size=VOCAB + 1,
             pad_id=PAD,
         )
+
+
+@pytest.mark.parametrize(("attention", "from_current_state"), [("additive", False), ("luong_general", True)])
+def test_bahdanau_attends_from_the_previous_state_and_luong_from_the_current(
+    attention: str, from_current_state: bool
+) -> None:
+    """At step 1 the previous state is the bridge's (source only); the current one has read the token."""
+    model = tiny_rnn(attention)
+    src, _ = random_batch()
+    with torch.no_grad():
+        first = [model.cross_attention(src, torch.full((3, 1), token))[:, 0] for token in (5, 6)]
+    assert torch.allclose(first[0], first[1]) != from_current_state
+
+
+def test_input_feeding_widens_the_first_decoder_input() -> None:
+    embedding = TINY_RNN["embedding_size"]
+    assert tiny_rnn("luong_general").decoder.rnn.cells[0].input_size == 2 * embedding  # [E y; h~]
+    assert tiny_rnn("luong_general_no_feeding").decoder.rnn.cells[0].input_size == embedding
+    memory = 2 * TINY_RNN["encoder_hidden_size"]
+    assert tiny_rnn("additive").decoder.rnn.cells[0].input_size == embedding + memory  # [E y; c]
