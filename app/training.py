@@ -16,7 +16,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
-from app.callbacks import BatchSamplerEpoch, BatchTrace, RngState, SameRunDirectory, SamplerPosition
+from app.callbacks import (
+    BatchSamplerEpoch,
+    BatchTrace,
+    ElapsedTime,
+    RngState,
+    SameRunDirectory,
+    SamplerPosition,
+)
 from app.checkpoint import load_translator
 from app.checkpoint_io import AtomicCheckpointIO
 from app.data.corpus import ParallelText
@@ -206,12 +213,13 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
 
 
 def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
-    """Learning-rate logging, batch order and resume state, early stopping, optional batch tracing."""
+    """Learning-rate and elapsed-time logging, batch order and resume state, early stopping, batch tracing."""
     callbacks: list[pl.Callback] = [
         BatchSamplerEpoch(),
         SamplerPosition(),
         RngState(),
         SameRunDirectory(run_dir),
+        ElapsedTime(),
     ]
     if cfg.logger and cfg.logger.get("kind"):  # Lightning refuses a learning-rate monitor without a logger
         callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -257,11 +265,17 @@ def evaluate_checkpoint(
     """Translate ``sources`` with the checkpoint and score against ``references``."""
     translator, _ = load_translator(path)
     settings = SearchSettings(**OmegaConf.to_container(cfg.test_search, resolve=True))
+    started = time.perf_counter()
     hyps = translator.translate(sources, settings)
+    decode_seconds = time.perf_counter() - started
     scores = corpus_scores(hyps, references)
     return {
         "checkpoint": str(path),
         "test_set": cfg.data.get("test_name", "test"),
         "beam": settings.beam,
         **scores.rounded(prefix="test_"),
+        # decoding cost of the whole test set (batched as test_search says, tokenization included)
+        "test_decode_seconds": round(decode_seconds, 2),
+        "test_decode_sentences_per_s": round(len(sources) / max(decode_seconds, 1e-9), 1),
+        "test_decode_threads": torch.get_num_threads(),
     }

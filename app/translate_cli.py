@@ -4,14 +4,17 @@ Guarantees: exactly one output line per input line, in order; an empty line give
 invalid UTF-8 is replaced (with a warning on stderr) and a line longer than the model accepts is
 truncated (with a warning), never dropped. Lines are split on ``\\n`` only (a trailing ``\\r`` is
 removed), so other Unicode line separators inside a sentence never shift the alignment.
+``--plot-attention DIR`` also writes one attention heatmap per non-empty line (``DIR/line_000001.png``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO, TextIO
 
 import torch
@@ -31,6 +34,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-len", type=int, default=256, help="most output subwords per sentence")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--plot-attention",
+        metavar="DIR",
+        help="also write one attention heatmap PNG per non-empty input line to DIR (line_000001.png, ...)",
+    )
+    parser.add_argument(
+        "--attention-layer",
+        type=int,
+        help="Transformer decoder layer whose cross-attention is plotted (default: the last)",
+    )
+    parser.add_argument(
+        "--attention-head", type=int, help="plot this attention head only (default: the mean over heads)"
+    )
     # Intermixed: sentences may follow options (`CKPT --beam 1 "..."`), which plain parse_args rejects.
     return parser.parse_intermixed_args(argv)
 
@@ -58,6 +74,40 @@ def chunks(lines: Iterable[str], size: int, flush_each: bool) -> Iterator[list[s
         yield group
 
 
+@dataclass(frozen=True)
+class PlotSettings:
+    """Where and what ``--plot-attention`` draws."""
+
+    directory: Path
+    layer: int | None = None
+    head: int | None = None
+
+
+def translate_group(
+    translator: Translator,
+    group: list[str],
+    settings: SearchSettings,
+    *,
+    first_line: int,
+    on_truncate: Callable[[int, int], None],
+    plots: PlotSettings | None,
+) -> list[str]:
+    """Translations of ``group``; with ``plots``, also one heatmap per non-empty line."""
+    if plots is None:
+        return translator.translate(group, settings, on_truncate=on_truncate)
+    from app.attention_plot import plot_file_name, save_attention_plot  # matplotlib: only when plotting
+
+    maps = translator.translate_with_attention(
+        group, settings, layer=plots.layer, head=plots.head, on_truncate=on_truncate
+    )
+    for index, attention in enumerate(maps):
+        if attention is not None:
+            line = first_line + index
+            title = f"line {line}: {attention.translation}"
+            save_attention_plot(attention, plots.directory / plot_file_name(line), title=title)
+    return ["" if m is None else m.translation for m in maps]
+
+
 def translate_stream(
     translator: Translator,
     lines: Iterable[str],
@@ -65,6 +115,7 @@ def translate_stream(
     settings: SearchSettings,
     *,
     interactive: bool = False,
+    plots: PlotSettings | None = None,
 ) -> int:
     """Translate ``lines`` to ``out``, one line each; returns how many lines were written."""
     written = 0
@@ -78,7 +129,10 @@ def translate_stream(
                 file=sys.stderr,
             )
 
-        for text in translator.translate(group, settings, on_truncate=warn_truncated):
+        texts = translate_group(
+            translator, group, settings, first_line=offset + 1, on_truncate=warn_truncated, plots=plots
+        )
+        for text in texts:
             out.write(text.replace("\n", " ") + "\n")
             written += 1
         out.flush()
@@ -103,7 +157,16 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.reconfigure(encoding="utf-8")  # translations may hold any character
             out = sys.stdout
         interactive = not args.sentences and not args.input and sys.stdin.isatty()
-        translate_stream(translator, lines, out, settings, interactive=interactive)
+        plots = (
+            PlotSettings(Path(args.plot_attention), layer=args.attention_layer, head=args.attention_head)
+            if args.plot_attention
+            else None
+        )
+        try:
+            translate_stream(translator, lines, out, settings, interactive=interactive, plots=plots)
+        except ValueError as err:  # e.g. an attention layer or head the model lacks
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     return 0
 
 

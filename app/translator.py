@@ -8,7 +8,7 @@ gives an empty output, and a source longer than the model accepts is truncated (
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +32,16 @@ class SearchSettings:
                 f"beam ({self.beam}), batch_size ({self.batch_size}) and max_len ({self.max_len}) "
                 "must all be >= 1"
             )
+
+
+@dataclass
+class AttentionMap:
+    """One translated sentence with its cross-attention: target positions against source positions."""
+
+    translation: str
+    source_tokens: list[str]  # subword pieces of the source, then </s>
+    target_tokens: list[str]  # subword pieces of the output, then </s>
+    weights: torch.Tensor = field(repr=False)  # (len(target_tokens), len(source_tokens)), rows sum to 1
 
 
 class Translator:
@@ -80,6 +90,51 @@ class Translator:
         for index, text in zip(todo, self.tgt_tokenizer.decode(hyps), strict=True):
             outputs[index] = text
         return outputs
+
+    @torch.no_grad()
+    def translate_with_attention(
+        self,
+        sentences: list[str],
+        settings: SearchSettings,
+        *,
+        layer: int | None = None,
+        head: int | None = None,
+        on_truncate: Callable[[int, int], None] | None = None,
+    ) -> list[AttentionMap | None]:
+        """Translations with their attention maps, in order; None for blank sentences.
+
+        The output is searched as in :meth:`translate`, then re-read with teacher forcing to collect the
+        weights: ``layer`` / ``head`` as in :meth:`~app.models.seq2seq.Seq2Seq.cross_attention`.
+        """
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        sources = self.encode_sources(
+            [sentences[i] for i in todo],
+            on_truncate=(lambda j, n: on_truncate(todo[j], n)) if on_truncate else None,
+        )
+        hyps = self.translate_ids(sources, settings)
+        maps: list[AttentionMap | None] = [None] * len(sentences)
+        for index, source, hyp in zip(todo, sources, hyps, strict=True):
+            maps[index] = self.attention_map(source, hyp, layer=layer, head=head)
+        return maps
+
+    @torch.no_grad()
+    def attention_map(
+        self, source: list[int], hyp: list[int], *, layer: int | None = None, head: int | None = None
+    ) -> AttentionMap:
+        """The map of one source (ids incl. EOS) and its output ``hyp`` (ids without BOS/EOS)."""
+        was_training = self.model.training
+        self.model.eval()
+        tok = self.tgt_tokenizer
+        src = torch.tensor([source], dtype=torch.long, device=self.device)
+        tgt_in = torch.tensor([[tok.bos_id, *hyp]], dtype=torch.long, device=self.device)
+        weights = self.model.cross_attention(src, tgt_in, layer=layer, head=head)[0].float().cpu()  # (T, S)
+        self.model.train(was_training)
+        return AttentionMap(
+            translation=tok.decode([hyp])[0],
+            source_tokens=self.src_tokenizer.id_to_piece(source),
+            target_tokens=tok.id_to_piece([*hyp, tok.eos_id]),
+            weights=weights,
+        )
 
     @torch.no_grad()
     def translate_ids(self, sources: list[list[int]], settings: SearchSettings) -> list[list[int]]:

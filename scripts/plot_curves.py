@@ -1,6 +1,11 @@
-"""Plot validation BLEU and training loss against wall-clock time and steps for one or more runs.
+"""Plot validation BLEU against training steps and wall-clock minutes, and training loss, for runs.
 
-python scripts/plot_curves.py runs/m30k_de_en runs/m30k_en_de -o docs/figures/learning_curves.png
+    python scripts/plot_curves.py runs/m30k_transformer_de_en runs/m30k_transformer_en_de \
+        -o docs/figures/multi30k_transformer_curves.png
+
+Minutes come from the ``time/elapsed_min`` metric that training logs with every validation. Runs made
+before that metric existed may carry a ``wallclock.csv`` (rows ``unix_time,[epoch,]step`` sampled
+while training); their minutes are read from it. Runs with neither are left out of the minutes panel.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -23,9 +29,30 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
         ]
 
 
-def series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
-    points = [(row["step"], row[key]) for row in rows if key in row and "step" in row]
+def series(rows: list[dict[str, float]], x: str, y: str) -> tuple[list[float], list[float]]:
+    points = [(row[x], row[y]) for row in rows if x in row and y in row]
     return [p[0] for p in points], [p[1] for p in points]
+
+
+def minutes_from_wallclock(run_dir: Path, steps: list[float]) -> list[float] | None:
+    """Minutes since the first sample at which each step was reached, interpolated from ``wallclock.csv``."""
+    path = run_dir / "wallclock.csv"
+    if not path.is_file():
+        return None
+    samples = [(int(row[0]), int(row[-1])) for row in csv.reader(path.open()) if row and row[-1].strip()]
+    if not samples:
+        return None
+    start = samples[0][0]
+    times = [(t - start) / 60 for t, _ in samples]
+    return [float(m) for m in np.interp(steps, [s for _, s in samples], times)]
+
+
+def bleu_against_minutes(run_dir: Path, rows: list[dict[str, float]]) -> tuple[list[float], list[float]]:
+    minutes, bleu = series(rows, "time/elapsed_min", "val/bleu")
+    if minutes:
+        return minutes, bleu
+    steps, bleu = series(rows, "step", "val/bleu")
+    return (minutes_from_wallclock(run_dir, steps) or []), bleu
 
 
 def main() -> None:
@@ -33,16 +60,22 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="Hydra run directories")
     parser.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
     args = parser.parse_args()
-    fig, (ax_bleu, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_steps, ax_minutes, ax_loss) = plt.subplots(1, 3, figsize=(15, 4))
     for run in args.runs:
         rows = read_metrics(run)
-        ax_bleu.plot(*series(rows, "val/bleu"), marker="o", label=run.name)
-        ax_loss.plot(*series(rows, "train/nll"), label=run.name)
-    ax_bleu.set(xlabel="training step", ylabel="validation BLEU (greedy, cased)", title="Validation BLEU")
+        ax_steps.plot(*series(rows, "step", "val/bleu"), marker="o", label=run.name)
+        minutes, bleu = bleu_against_minutes(run, rows)
+        if minutes:
+            ax_minutes.plot(minutes, bleu, marker="o", label=run.name)
+        ax_loss.plot(*series(rows, "step", "train/nll"), label=run.name)
+    bleu_label = "validation BLEU (greedy, cased)"
+    ax_steps.set(xlabel="training step", ylabel=bleu_label, title="BLEU by step")
+    ax_minutes.set(xlabel="wall-clock minutes", ylabel=bleu_label, title="BLEU by time")
     ax_loss.set(xlabel="training step", ylabel="training NLL (nats/token)", title="Training loss")
-    for ax in (ax_bleu, ax_loss):
+    for ax in (ax_steps, ax_minutes, ax_loss):
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.tight_layout()
     args.output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.output, dpi=120)

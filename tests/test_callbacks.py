@@ -6,7 +6,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from app.callbacks import BatchSamplerEpoch
+from app.callbacks import BatchSamplerEpoch, ElapsedTime
 from app.data.batching import TokenBucketBatchSampler
 
 
@@ -56,3 +56,27 @@ def test_without_the_callback_lightning_repeats_the_first_order() -> None:
     """Documents why the callback exists: if Lightning starts doing it itself, this test says so."""
     seen, _ = fit_epochs([])
     assert seen[0] == seen[1] == seen[2]
+
+
+class Validated(RecordBatches):
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val/x", float(batch_idx))
+
+
+def test_elapsed_minutes_logged_with_validation_and_carried_over_a_resume() -> None:
+    loader = DataLoader(TensorDataset(torch.arange(8)), batch_size=4)
+    clock = ElapsedTime()
+    clock.load_state_dict({"elapsed_min": 12.5})  # as if restored from a checkpoint
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock],
+    )
+    trainer.fit(Validated(), loader, loader)
+    logged = float(trainer.callback_metrics["time/elapsed_min"])
+    assert 12.5 < logged < 12.5 + 5
+    assert clock.state_dict()["elapsed_min"] >= logged

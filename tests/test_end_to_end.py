@@ -82,7 +82,10 @@ def test_training_learns_and_writes_results(trained_run: Path) -> None:
     assert logged_column(trained_run / "csv" / "metrics.csv", "val/bleu"), "validation BLEU was never logged"
     results = json.loads((trained_run / "results.json").read_text())
     assert results["test_set"] == "test_2016_flickr"
-    assert {"test_bleu", "test_bleu_lc", "test_chrf", "parameters"} <= set(results)
+    assert {"test_bleu", "test_bleu_lc", "test_chrf", "parameters", "test_decode_sentences_per_s"} <= set(
+        results
+    )
+    assert results["test_decode_sentences_per_s"] > 0
     assert results["test_bleu_lc"] >= results["test_bleu"] >= 0.0
     assert "tok:13a" in results["test_signature"]
     assert sorted(p.name for p in (trained_run / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]

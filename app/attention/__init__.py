@@ -1,23 +1,41 @@
-"""Pluggable attention: kernels behind one interface, a registry, masks and KV caches."""
+"""Pluggable attention: Transformer kernels and RNN mechanisms, each behind an interface and a registry."""
 
-from app.attention import kernels  # noqa: F401  (registers the built-in kernels)
+from app.attention import (  # noqa: F401  (register kernels and RNN mechanisms)
+    additive,
+    kernels,
+    luong,
+)
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
 from app.attention.cache import KVCache
 from app.attention.masks import attention_mask, causal_mask, padding_mask
+from app.attention.mechanisms import (
+    AttentionMechanism,
+    MechanismOutput,
+    available_mechanisms,
+    build_mechanism,
+    masked_softmax,
+    register_mechanism,
+)
 from app.attention.multihead import MultiHeadAttention
 from app.attention.registry import AttentionConfigError, available_kernels, build_kernel, register_kernel
 
 __all__ = [
     "AttentionConfigError",
     "AttentionKernel",
+    "AttentionMechanism",
     "AttentionOutput",
     "KVCache",
     "KernelCapabilities",
+    "MechanismOutput",
     "MultiHeadAttention",
     "attention_mask",
     "available_kernels",
+    "available_mechanisms",
     "build_kernel",
+    "build_mechanism",
     "causal_mask",
+    "masked_softmax",
     "padding_mask",
     "register_kernel",
+    "register_mechanism",
 ]

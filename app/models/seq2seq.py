@@ -56,3 +56,14 @@ class Seq2Seq(nn.Module, ABC):
     @abstractmethod
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Log-probabilities (B, V) of the next token after ``tokens`` (B,); updates ``state``."""
+
+    def cross_attention(
+        self, src: Tensor, tgt_in: Tensor, *, layer: int | None = None, head: int | None = None
+    ) -> Tensor:
+        """Attention weights (B, T, S) of target inputs ``tgt_in`` (B, T) over source ids ``src`` (B, S).
+
+        Computed with teacher forcing (in eval mode, the weights search used for that output). ``layer``
+        picks a decoder layer (None = the last), ``head`` one head (None = the mean over heads). Model
+        families without attention weights keep this default, which says so.
+        """
+        raise ValueError(f"{type(self).__name__} does not expose attention weights")

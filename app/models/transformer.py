@@ -6,13 +6,15 @@ config through :mod:`app.attention.factory`, so attention variants plug in witho
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from app.attention import KVCache, padding_mask
+from app.attention import KVCache, MultiHeadAttention, build_kernel, padding_mask
 from app.attention.factory import AttentionSpec, build_attention
 from app.models.embeddings import SinusoidalPositions, TokenEmbedding
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
@@ -117,6 +119,32 @@ class DecoderLayer(nn.Module):
 
         y = self.cross_block(y, cross)
         return self.ffn_block(y, self.ffn)
+
+
+def check_index(index: int | None, size: int, what: str) -> int:
+    """``index`` in [-size, size) as a non-negative index (None = the last); a bad one names the range."""
+    if index is None:
+        return size - 1
+    if not -size <= index < size:
+        raise ValueError(f"{what} {index} does not exist: the model has {size} (0 .. {size - 1})")
+    return index % size
+
+
+@contextmanager
+def weights_kernel(attention: MultiHeadAttention) -> Iterator[None]:
+    """Let ``attention`` return its weights: swap an exact kernel without them for the eager reference."""
+    kernel = attention.kernel
+    caps = kernel.capabilities
+    if caps.returns_weights:
+        yield
+        return
+    if not caps.exact:
+        raise ValueError(f"the {type(kernel).__name__} kernel approximates attention: it has no weights")
+    attention.kernel = build_kernel("eager")
+    try:
+        yield
+    finally:
+        attention.kernel = kernel
 
 
 @dataclass
@@ -237,6 +265,26 @@ class Transformer(Seq2Seq):
         state.step += 1
         logits = self.output(self.decoder_norm(y[:, 0]))  # (B, V)
         return F.log_softmax(logits.float(), dim=-1)
+
+    def cross_attention(
+        self, src: Tensor, tgt_in: Tensor, *, layer: int | None = None, head: int | None = None
+    ) -> Tensor:
+        """Cross-attention weights (B, T, S) of decoder ``layer`` (None = last), one ``head`` or their mean.
+
+        Exact kernels that do not return weights (sdpa, flash) are replaced by the eager reference
+        for this one call, which computes the same attention; approximations (linear) have no weights.
+        """
+        index = check_index(layer, len(self.decoder), "attention layer")
+        encoded = self.encode(src)
+        y = self.embed(tgt_in, self.tgt_embed)
+        for i, decoder_layer in enumerate(self.decoder[: index + 1]):
+            with weights_kernel(decoder_layer.cross_attn) if i == index else nullcontext():
+                y = decoder_layer(y, encoded.memory, encoded.mask, need_weights=i == index)
+        weights = self.decoder[index].last_cross_weights  # (B, H, T, S)
+        self.decoder[index].last_cross_weights = None
+        if head is None:
+            return weights.mean(dim=1)
+        return weights[:, check_index(head, weights.size(1), "attention head")]
 
     @torch.no_grad()
     def num_parameters(self) -> int:
