@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=5, help="timed windows (the median is reported)")
     parser.add_argument("--window-steps", type=int, default=30, help="optimizer steps per window")
     parser.add_argument("--out", type=Path, default=None, help="also append the JSON result to this file")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
     if min(args.windows, args.window_steps) < 1 or args.warmup_steps < 0:
         parser.error("--windows and --window-steps must be >= 1, --warmup-steps >= 0")
     result = measure(args.overrides, args.warmup_steps, args.windows, args.window_steps)
