@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -24,6 +25,10 @@ from app.optim import build_optimizer
 from app.translator import SearchSettings, Translator
 
 log = logging.getLogger(__name__)
+
+# Validation metrics are computed from values reduced over all ranks, so every rank logs the same number;
+# Lightning cannot know that and recommends sync_dist=True for each of them in distributed runs.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val/")
 
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -172,18 +177,18 @@ class TranslationModule(pl.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's clipping, except for a fused optimizer under mixed precision.
+        """Lightning's clipping, done here for a fused optimizer, which Lightning's mixed precision refuses.
 
-        Lightning's mixed-precision plugins refuse to clip for any fused optimizer (it may unscale the
-        gradients itself), bf16-mixed included, where no scaler exists. Under a gradient scaler (16-mixed
-        on GPU) unscaling explicitly first is what torch supports (the fused step then skips its own
-        unscaling); without one the gradients are already true. Either way clipping sees the true norm.
+        Lightning's mixed-precision plugin (bf16-mixed and 16-mixed) will not clip for a fused optimizer
+        because a fused step can unscale fp16 gradients itself. Without a gradient scaler (bf16) there is
+        nothing to unscale; with one (16-mixed) the gradients are unscaled explicitly first, which torch
+        supports (the fused step then skips its own unscaling). Either way clipping sees true gradients.
         """
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         fused = any(group.get("fused") for group in optimizer.param_groups)
         if not fused or not gradient_clip_val:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if scaler is not None:
             scaler.unscale_(optimizer)
         if gradient_clip_algorithm == "value":

@@ -215,13 +215,14 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
 def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     """Learning-rate and elapsed-time logging, batch order and resume state, early stopping, batch tracing."""
     callbacks: list[pl.Callback] = [
-        LearningRateMonitor(logging_interval="step"),
         BatchSamplerEpoch(),
         SamplerPosition(),
         RngState(),
         SameRunDirectory(run_dir),
         ElapsedTime(),
     ]
+    if cfg.logger and cfg.logger.get("kind"):  # Lightning refuses a learning-rate monitor without a logger
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.early_stopping.patience:
         callbacks.append(
             EarlyStopping(
