@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
 RUN_DIR ?= runs/quickstart
 
-.PHONY: help install data demo test test-fast lint format bench bench-decode clean
+.PHONY: help install data demo test test-fast lint format bench bench-train bench-decode clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ bench:  ## attention benchmark: time and memory vs length for every kernel (CSV 
 CKPT ?= $(RUN_DIR)/checkpoints/best.ckpt
 bench-decode:  ## decoding sentences/s of CKPT (greedy and beam 5) on its test set
 	$(PY) scripts/bench_decode.py $(CKPT) --beams 1 5
+
+bench-train: install  ## training tokens/s and peak memory of the quickstart config (BENCH_ARGS: more overrides)
+	$(PY) scripts/bench_train.py experiment=quickstart $(BENCH_ARGS)
 
 clean:  ## remove caches and run outputs (keeps data/ and the venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

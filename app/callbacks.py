@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -107,12 +108,22 @@ class RngState(pl.Callback):
         random.setstate(states["python"])
 
 
+def weights_digest(module: torch.nn.Module) -> str:
+    """SHA-1 of every parameter's bytes: equal digests mean bitwise-equal weights (e.g. across ranks)."""
+    digest = hashlib.sha1()
+    for name, param in module.named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 class BatchTrace(pl.Callback):
     """Debugging aid (``debug.trace_batches=PATH``): one JSON line per training batch.
 
-    Each line holds the optimizer step, epoch, batch index, learning rate, loss and the example ids of
-    the batch, so two runs (e.g. an interrupted-and-resumed one and an uninterrupted one) can be compared
-    batch by batch. Every rank writes its own file: ``PATH`` on rank 0, ``PATH.rank<r>`` elsewhere.
+    Each line holds the optimizer step, epoch, batch index, learning rate, loss, the example ids of the
+    batch and a digest of the weights after the step (a pass over all weights: debugging only), so two
+    runs (an interrupted-and-resumed one and an uninterrupted one, say) can be compared batch by batch.
+    Every rank writes its own file: ``PATH`` on rank 0, ``PATH.rank<r>`` elsewhere.
     Lines are flushed at once so that a killed run leaves every finished batch in the file.
     """
 
@@ -128,7 +139,9 @@ class BatchTrace(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        loss = outputs.get("token_loss", outputs["loss"]) if isinstance(outputs, dict) else outputs
+        if isinstance(outputs, dict):  # {} or None for a skipped batch
+            outputs = outputs.get("token_loss", outputs.get("loss"))
+        loss = outputs
         record = {
             "step": trainer.global_step,
             "epoch": trainer.current_epoch,
@@ -136,6 +149,7 @@ class BatchTrace(pl.Callback):
             "lr": trainer.optimizers[0].param_groups[0]["lr"],
             "loss": None if loss is None else float(loss),
             "ids": batch.index.tolist(),
+            "weights": weights_digest(pl_module),
         }
         self._handle.write(json.dumps(record) + "\n")
         self._handle.flush()

@@ -1,4 +1,4 @@
-"""Lightning checkpoint I/O that writes atomically (see :func:`app.checkpoint.save_atomically`)."""
+"""Lightning checkpoint I/O: atomic writes (:func:`app.checkpoint.save_atomically`) and clear read errors."""
 
 from __future__ import annotations
 
@@ -6,11 +6,16 @@ from typing import Any
 
 from pytorch_lightning.plugins import TorchCheckpointIO
 
-from app.checkpoint import save_atomically
+from app.checkpoint import read_checkpoint, save_atomically
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Never leaves a partial checkpoint behind, even when training is killed mid-write."""
+    """Never leaves a partial checkpoint behind, even when training is killed mid-write; a resume from
+    a missing, truncated or foreign file fails with :class:`app.checkpoint.CheckpointError` naming it,
+    not with a traceback from deep inside ``torch.load``."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         save_atomically(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        return read_checkpoint(path)

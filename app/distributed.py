@@ -86,7 +86,7 @@ def gather_objects(obj: Any) -> list[Any]:
 
 
 def wait_for_file(path: Path, *, timeout_s: float = 3600.0, poll_s: float = 1.0) -> None:
-    """Block until ``path`` exists (written by another process, e.g. local rank 0), or raise after a timeout."""
+    """Block until ``path`` exists (written by another process, e.g. local rank 0); raise after a timeout."""
     deadline = time.monotonic() + timeout_s
     if not path.exists():
         log.info("waiting for %s (written by local rank 0)", path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -15,8 +16,8 @@ import torch
 
 from app.checkpoint import CHECKPOINT_KEY
 from app.data.batch import Batch
-from app.distributed import gather_objects
 from app.data.tokenizer import Tokenizer
+from app.distributed import gather_objects
 from app.losses import label_smoothed_nll
 from app.metrics import corpus_scores
 from app.models.seq2seq import Seq2Seq
@@ -24,6 +25,10 @@ from app.optim import build_optimizer
 from app.translator import SearchSettings, Translator
 
 log = logging.getLogger(__name__)
+
+# Validation metrics are computed from values reduced over all ranks, so every rank logs the same number;
+# Lightning cannot know that and recommends sync_dist=True for each of them in distributed runs.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val/")
 
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -74,16 +79,15 @@ class TranslationModule(pl.LightningModule):
             "fused": fused,
         }
         if nonfinite_loss not in NONFINITE_POLICIES:
-            raise ValueError(
-                f"nonfinite_loss={nonfinite_loss!r}; valid choices: {', '.join(NONFINITE_POLICIES)}"
-            )
+            choices = ", ".join(NONFINITE_POLICIES)
+            raise ValueError(f"nonfinite_loss={nonfinite_loss!r}; valid choices: {choices}")
         self.nonfinite_loss = nonfinite_loss
         self.valid_search = valid_search or SearchSettings(beam=1)
         self.pad_id = tgt_tokenizer.pad_id
         self._valid_hyps: dict[int, list[int]] = {}
         self._valid_sums = torch.zeros(3, dtype=torch.float64)  # this rank's loss, nll, target tokens
         self._tokens_seen, self._clock = 0, time.perf_counter()
-        self.tokens_trained = 0  # real source + target tokens of every training batch so far
+        self.tokens_trained = 0  # real source + target tokens of every training batch so far, all ranks
         self.skipped_batches = 0  # batches skipped for a non-finite loss (nonfinite_loss=skip)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
@@ -104,14 +108,13 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor] | None:
         loss, nll, ntok = self._losses(batch)
-        # (3,) summed over ranks: loss, nll, target tokens of this step's batches on every rank
-        totals = self._sum_over_ranks(
-            torch.stack([loss.detach().float(), nll.float(), loss.new_tensor(ntok)])
-        )
+        # (4,) summed over ranks: loss, nll, target tokens, source + target tokens of this step's batches
+        counts = torch.tensor([ntok, batch.num_tokens], dtype=torch.float32, device=loss.device)
+        totals = self._sum_over_ranks(torch.cat([torch.stack([loss.detach().float(), nll.float()]), counts]))
         if not torch.isfinite(totals[:2]).all():  # the same decision on every rank: the sums are global
             return self._nonfinite(batch, float(totals[0]))
-        self._tokens_seen += batch.num_tokens
-        self.tokens_trained += batch.num_tokens
+        self._tokens_seen += int(totals[3])  # source + target tokens of all ranks
+        self.tokens_trained += int(totals[3])
         mean_loss = totals[0] / totals[2]
         self.log("train/loss", mean_loss, prog_bar=True, batch_size=ntok)
         self.log("train/nll", totals[1] / totals[2], batch_size=ntok)
@@ -127,8 +130,8 @@ class TranslationModule(pl.LightningModule):
         )
         if self.nonfinite_loss == "stop":
             raise NonFiniteLossError(
-                f"non-finite training loss ({value}) at {where}. Lower optim.lr, keep gradient clipping, "
-                f"use trainer.precision=bf16-mixed or 32-true instead of 16-mixed, or set nonfinite_loss=skip."
+                f"non-finite training loss ({value}) at {where}. Lower optim.lr, keep gradient clipping, use "
+                f"trainer.precision=bf16-mixed or 32-true rather than 16-mixed, or set nonfinite_loss=skip."
             )
         self.skipped_batches += 1
         log.warning("skipping a batch with a non-finite loss (%s) at %s", value, where)
@@ -151,7 +154,7 @@ class TranslationModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """Token-weighted loss over all ranks' batches; BLEU of every rank's hypotheses, in corpus order."""
         sums = self._sum_over_ranks(self._valid_sums.to(self.device))
-        self._valid_sums.zero_()
+        self._valid_sums = torch.zeros_like(self._valid_sums)  # not zero_(): sums may be the same tensor
         if sums[2] > 0:
             self.log("val/loss", float(sums[0] / sums[2]))
             self.log("val/nll", float(sums[1] / sums[2]))
@@ -174,18 +177,18 @@ class TranslationModule(pl.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's clipping, except for a fused optimizer under mixed precision.
+        """Lightning's clipping, done here for a fused optimizer, which Lightning's mixed precision refuses.
 
-        Lightning's mixed-precision plugins refuse to clip for any fused optimizer (it may unscale the
-        gradients itself), bf16-mixed included, where no scaler exists. Under a gradient scaler (16-mixed
-        on GPU) unscaling explicitly first is what torch supports (the fused step then skips its own
-        unscaling); without one the gradients are already true. Either way clipping sees the true norm.
+        Lightning's mixed-precision plugin (bf16-mixed and 16-mixed) will not clip for a fused optimizer
+        because a fused step can unscale fp16 gradients itself. Without a gradient scaler (bf16) there is
+        nothing to unscale; with one (16-mixed) the gradients are unscaled explicitly first, which torch
+        supports (the fused step then skips its own unscaling). Either way clipping sees true gradients.
         """
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         fused = any(group.get("fused") for group in optimizer.param_groups)
         if not fused or not gradient_clip_val:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if scaler is not None:
             scaler.unscale_(optimizer)
         if gradient_clip_algorithm == "value":

@@ -125,11 +125,13 @@ def fit_and_evaluate(run: Run, cfg: DictConfig) -> dict[str, Any]:
 
 def final_checkpoint(trainer: pl.Trainer) -> str:
     """The checkpoint to evaluate: the best by validation BLEU, else the most recent one written."""
-    callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
-    for path in [cb.best_model_path for cb in callbacks] + [cb.last_model_path for cb in callbacks]:
-        if path:
-            return path
-    raise RuntimeError("training wrote no checkpoint (no validation and no checkpoint.every_n_steps?)")
+    best = trainer.checkpoint_callback  # the first ModelCheckpoint: validation BLEU (checkpoint_callbacks)
+    if isinstance(best, ModelCheckpoint) and best.best_model_path:
+        return best.best_model_path
+    last = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    if not last.is_file():
+        raise RuntimeError(f"no checkpoint at {last}: no validation ran, checkpoint.every_n_steps unset")
+    return str(last)
 
 
 def subword_tokenizers(data_cfg: dict[str, Any], train: ParallelText) -> tuple[Tokenizer, Tokenizer]:
@@ -183,8 +185,15 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     ``last.ckpt`` every N optimizer steps plus the latest ``checkpoint.keep_last`` ``step-N.ckpt`` files
     (for :func:`app.checkpoint.average_checkpoints`). Only rank 0 writes, atomically."""
     directory = run_dir / "checkpoints"
+    # No version counter: both callbacks write the one last.ckpt, and best.ckpt is replaced in place.
     best = ModelCheckpoint(
-        dirpath=directory, filename="best", monitor="val/bleu", mode="max", save_last=True, save_top_k=1
+        dirpath=directory,
+        filename="best",
+        monitor="val/bleu",
+        mode="max",
+        save_last=True,
+        save_top_k=1,
+        enable_version_counter=False,
     )
     every = cfg.checkpoint.get("every_n_steps")
     if not every:
@@ -198,6 +207,7 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
         save_top_k=cfg.checkpoint.get("keep_last", 0),
         every_n_train_steps=every,
         save_last=True,
+        enable_version_counter=False,
     )
     return [best, steps]
 
@@ -205,13 +215,14 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
 def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     """Learning-rate and elapsed-time logging, batch order and resume state, early stopping, batch tracing."""
     callbacks: list[pl.Callback] = [
-        LearningRateMonitor(logging_interval="step"),
         BatchSamplerEpoch(),
         SamplerPosition(),
         RngState(),
         SameRunDirectory(run_dir),
         ElapsedTime(),
     ]
+    if cfg.logger and cfg.logger.get("kind"):  # Lightning refuses a learning-rate monitor without a logger
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.early_stopping.patience:
         callbacks.append(
             EarlyStopping(

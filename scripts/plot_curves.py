@@ -43,6 +43,9 @@ def minutes_from_wallclock(run_dir: Path, steps: list[float]) -> list[float] | N
     if not samples:
         return None
     start = samples[0][0]
+    # training only moves forward: a later sample with a smaller step (e.g. the test-results row that a
+    # sampler read after training) is not a point of the curve
+    samples = [sample for i, sample in enumerate(samples) if all(sample[1] >= s for _, s in samples[:i])]
     times = [(t - start) / 60 for t, _ in samples]
     return [float(m) for m in np.interp(steps, [s for _, s in samples], times)]
 

@@ -100,7 +100,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         return self._num_batches_total // self.num_replicas
 
     def __iter__(self) -> Iterator[list[int]]:
-        """This rank's batches of the current epoch; after :meth:`load_state_dict`, only those not yet trained on."""
+        """This rank's batches of the epoch; after :meth:`load_state_dict`, only those not trained on yet."""
         skip = 0
         if self._resume_at is not None and self._resume_at[0] == self.epoch:
             skip = self._resume_at[1]
@@ -128,10 +128,11 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from ``state``: the next iteration yields the epoch's batches after the consumed ones.
+        """Continue from ``state``: iterating the saved epoch yields only the batches after the consumed ones.
 
-        A finished epoch continues with the next one. When the batch order cannot be reproduced (another
-        seed, number of ranks or corpus), the saved epoch restarts from its first batch, with a warning.
+        Which epoch comes next is the training loop's decision (``set_epoch``): a checkpoint written at the
+        end of an epoch resumes with the next epoch's full order. When the batch order cannot be reproduced
+        (another seed, number of ranks or corpus), the saved epoch restarts at its first batch (a warning).
         """
         epoch, consumed = int(state["epoch"]), int(state["batches_consumed"])
         same_order = (state.get("seed"), state.get("num_replicas"), state.get("batches_per_epoch")) == (
@@ -140,17 +141,16 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
             len(self),
         )
         if not same_order:
+            saved = (state.get("seed"), state.get("num_replicas"), state.get("batches_per_epoch"))
             warnings.warn(
-                f"the checkpoint's batch order (seed, ranks, batches per epoch) "
-                f"{state.get('seed'), state.get('num_replicas'), state.get('batches_per_epoch')} differs from "
-                f"this run's {self.seed, self.num_replicas, len(self)}: epoch {epoch} restarts from its first batch",
+                f"the checkpoint's batch order (seed, ranks, batches per epoch) {saved} differs from this "
+                f"run's {self.seed, self.num_replicas, len(self)}: epoch {epoch} restarts at its first batch",
                 stacklevel=2,
             )
             consumed = 0
-        if consumed >= len(self):
-            epoch, consumed = epoch + 1, 0
-        self.epoch, self._consumed = epoch, consumed
         self._resume_at = (epoch, consumed)
+        if epoch == self.epoch:
+            self._consumed = consumed
 
     def _sorted_indices(self, rng: np.random.Generator | None) -> list[int]:
         """Indices in ascending length order; equal lengths in random order when ``rng`` is given."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
 from app.data.batch import Collator, ParallelIds
@@ -111,8 +112,17 @@ class TranslationDataModule(pl.LightningDataModule):
             num_replicas=trainer.world_size if trainer else 1,
             rank=trainer.global_rank if trainer else 0,
         )
+        if train and trainer:  # the loop's epoch, already restored when resuming (see BatchSamplerEpoch)
+            sampler.set_epoch(trainer.current_epoch)
+        # A private generator: every iter() of a DataLoader draws a worker seed from its generator, and
+        # drawing from the global one would shift dropout masks whenever Lightning creates an iterator
+        # (it creates a different number of them in a resumed run than in an uninterrupted one).
         return ResumableDataLoader(
-            dataset, batch_sampler=sampler, collate_fn=self.collate, num_workers=self.num_workers
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
