@@ -43,12 +43,12 @@ format: install  ## apply ruff fixes and formatting
 bench:  ## attention benchmark: time and memory vs length for every kernel (CSV + PNG in docs/bench)
 	$(PY) scripts/bench_attention.py --device cpu
 
-bench-train: install  ## training tokens/s and peak memory of the quickstart config (BENCH_ARGS: more overrides)
-	$(PY) scripts/bench_train.py experiment=quickstart $(BENCH_ARGS)
-
 CKPT ?= $(RUN_DIR)/checkpoints/best.ckpt
 bench-decode:  ## decoding sentences/s of CKPT (greedy and beam 5) on its test set
 	$(PY) scripts/bench_decode.py $(CKPT) --beams 1 5
+
+bench-train: install  ## training tokens/s and peak memory of the quickstart config (BENCH_ARGS: more overrides)
+	$(PY) scripts/bench_train.py experiment=quickstart $(BENCH_ARGS)
 
 clean:  ## remove caches and run outputs (keeps data/ and the venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

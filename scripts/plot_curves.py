@@ -43,6 +43,9 @@ def minutes_from_wallclock(run_dir: Path, steps: list[float]) -> list[float] | N
     if not samples:
         return None
     start = samples[0][0]
+    # training only moves forward: a later sample with a smaller step (e.g. the test-results row that a
+    # sampler read after training) is not a point of the curve
+    samples = [sample for i, sample in enumerate(samples) if all(sample[1] >= s for _, s in samples[:i])]
     times = [(t - start) / 60 for t, _ in samples]
     return [float(m) for m in np.interp(steps, [s for _, s in samples], times)]
 
@@ -61,13 +64,14 @@ def main() -> None:
     parser.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
     args = parser.parse_args()
     fig, (ax_steps, ax_minutes, ax_loss) = plt.subplots(1, 3, figsize=(15, 4))
-    for run in args.runs:
+    for index, run in enumerate(args.runs):
         rows = read_metrics(run)
-        ax_steps.plot(*series(rows, "step", "val/bleu"), marker="o", label=run.name)
+        color = f"C{index % 10}"  # one colour per run in every panel, even where a run has no minutes
+        ax_steps.plot(*series(rows, "step", "val/bleu"), marker="o", label=run.name, color=color)
         minutes, bleu = bleu_against_minutes(run, rows)
         if minutes:
-            ax_minutes.plot(minutes, bleu, marker="o", label=run.name)
-        ax_loss.plot(*series(rows, "step", "train/nll"), label=run.name)
+            ax_minutes.plot(minutes, bleu, marker="o", label=run.name, color=color)
+        ax_loss.plot(*series(rows, "step", "train/nll"), label=run.name, color=color)
     bleu_label = "validation BLEU (greedy, cased)"
     ax_steps.set(xlabel="training step", ylabel=bleu_label, title="BLEU by step")
     ax_minutes.set(xlabel="wall-clock minutes", ylabel=bleu_label, title="BLEU by time")

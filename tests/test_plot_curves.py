@@ -32,7 +32,7 @@ def test_minutes_come_from_the_logged_metric(tmp_path: Path) -> None:
 def test_minutes_interpolated_from_a_wallclock_file(tmp_path: Path) -> None:
     run = write_run(tmp_path / "old", "step,val/bleu", ["100,10.0", "300,20.0"])
     # rows without a step are skipped; a middle epoch column is allowed
-    (run / "wallclock.csv").write_text("1000,0\n1060,200\n1180,,\n1300,2,400\n")
+    (run / "wallclock.csv").write_text("1000,0\n1060,200\n1180,,\n1300,2,400\n1400,0\n")
     minutes, bleu = plot_curves.bleu_against_minutes(run, plot_curves.read_metrics(run))
     assert minutes == pytest.approx([0.5, 3.0])
     assert bleu == [10.0, 20.0]
