@@ -91,6 +91,11 @@ VARIANTS = [
     Variant("sdpa", "sdpa"),
     Variant("flash", "flash", {"backend": "auto"}),
     Variant("sparse_window256", "sparse", {"pattern": "sliding_window", "window": 256}),
+    Variant(
+        "sparse_window256_recompute",
+        "sparse",
+        {"pattern": "sliding_window", "window": 256, "recompute": True},
+    ),
     Variant("linear_elu", "linear", {"feature_map": "elu"}),
     Variant("linear_favor", "linear", {"feature_map": "favor", "num_features": 64}),
     Variant("gqa_sdpa_kv2", "sdpa", kv_heads=2),

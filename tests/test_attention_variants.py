@@ -231,6 +231,40 @@ def test_sparse_result_does_not_depend_on_the_query_block_size(name: str) -> Non
     torch.testing.assert_close(outs[0], outs[2], rtol=1e-12, atol=1e-12)
 
 
+def saved_bytes_and_grads(kernel: SparseAttention, inputs: tuple, key_mask, dropout_p: float):
+    """Bytes autograd keeps for the backward pass (distinct storages), the output and input gradients."""
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    torch.manual_seed(7)  # the same dropout masks for every run
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = kernel(*leaves, key_mask=key_mask, causal=True, dropout_p=dropout_p).context
+    grads = torch.autograd.grad(out.square().sum(), leaves)
+    return sum(saved.values()), out.detach(), grads
+
+
+@pytest.mark.parametrize("name", SPARSE_SETTINGS)
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_sparse_recompute_gives_the_same_result_and_gradients_with_less_saved(
+    name: str, dropout_p: float
+) -> None:
+    case = CASES["causal_padded"]
+    q, k, v, key_mask = random_inputs(case)
+    stored = saved_bytes_and_grads(sparse_kernel(name, block=3), (q, k, v), key_mask, dropout_p)
+    recomputed = saved_bytes_and_grads(
+        sparse_kernel(name, block=3, recompute=True), (q, k, v), key_mask, dropout_p
+    )
+    torch.testing.assert_close(recomputed[1], stored[1], rtol=1e-12, atol=1e-12)
+    for got, expected in zip(recomputed[2], stored[2], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert recomputed[0] < stored[0]
+
+
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_sparse_with_a_window_covering_everything_equals_the_eager_kernel(case: Case) -> None:
     q, k, v, key_mask = random_inputs(case, dtype=torch.float32, seed=1)
