@@ -12,7 +12,9 @@ Times are medians over ``--repeats`` runs after ``--warmup`` runs. Peak memory i
 adds on top of the inputs, weights and weight gradients: ``torch.cuda.max_memory_allocated`` on CUDA, the
 running total of the allocations and frees that ``torch.profiler(profile_memory=True)`` records on CPU.
 A (kernel, length) whose estimated memory exceeds ``--max-bytes`` is skipped (and written as skipped), as
-are longer lengths of a kernel that ran out of memory.
+are longer lengths of a kernel that ran out of memory. ``--kernel-only`` times the kernel alone on
+already projected, head-split q, k, v (mode ``kernel fwd+bwd``): what a kernel choice changes, without the
+four d_model x d_model projections every variant shares.
 
 Decoding (MHA vs GQA with sdpa, and linear attention's recurrent state, Katharopoulos et al. 2020 section
 3.4): causal self-attention of one layer at target length L, either one query per step against a cache of
@@ -120,6 +122,7 @@ class Setup:
     warmup: int
     max_bytes: int
     causal: bool
+    kernel_only: bool = False  # time the kernel on projected q, k, v instead of the whole layer
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
@@ -240,7 +243,8 @@ def train_rows(setup: Setup, variants: list[Variant], lengths: list[int]) -> Ite
         failed_at: int | None = None
         for length in lengths:
             row = {"bench": "train", "variant": variant.name, "kernel": variant.kernel, "length": length}
-            row |= {"kv_heads": variant.kv_heads or setup.heads, "mode": "fwd+bwd", "cache_bytes": ""}
+            mode = "kernel fwd+bwd" if setup.kernel_only else "fwd+bwd"
+            row |= {"kv_heads": variant.kv_heads or setup.heads, "mode": mode, "cache_bytes": ""}
             estimate = estimated_bytes(variant, length, setup)
             if failed_at is not None:
                 yield row | {"status": f"skipped: out of memory at length {failed_at}"}
@@ -249,7 +253,8 @@ def train_rows(setup: Setup, variants: list[Variant], lengths: list[int]) -> Ite
                 yield row | {"status": f"skipped: estimated {estimate / 2**30:.1f} GiB > --max-bytes"}
                 continue
             try:
-                yield row | measure_train(layer, length, setup)
+                measure = measure_kernel if setup.kernel_only else measure_train
+                yield row | measure(layer, length, setup)
             except (RuntimeError, MemoryError) as err:
                 if not is_out_of_memory(err):
                     raise
@@ -276,6 +281,28 @@ def measure_train(layer: MultiHeadAttention, length: int, setup: Setup) -> dict[
 
     time_ms = median_ms(step, setup)
     x.grad = None
+    peak = peak_bytes(step, setup.device)
+    return {"time_ms": f"{time_ms:.3f}", "peak_bytes": "" if peak is None else peak, "status": "ok"}
+
+
+def measure_kernel(layer: MultiHeadAttention, length: int, setup: Setup) -> dict[str, Any]:
+    """Forward+backward of the layer's kernel alone on random q (B, H, T, Dh) and k, v (B, Hkv, T, Dh)."""
+    gen = torch.Generator(device=setup.device).manual_seed(0)
+    b, dh = setup.batch, layer.head_dim
+
+    def leaf(heads: int) -> Tensor:
+        shape = (b, heads, length, dh)
+        return torch.randn(shape, generator=gen, device=setup.device, dtype=setup.dtype).requires_grad_()
+
+    q, k, v = leaf(layer.num_heads), leaf(layer.num_kv_heads), leaf(layer.num_kv_heads)
+    grad = torch.randn(b, layer.num_heads, length, dh, generator=gen, device=setup.device, dtype=setup.dtype)
+
+    def step() -> None:
+        for tensor in (q, k, v):
+            tensor.grad = None
+        layer.kernel(q, k, v, causal=setup.causal).context.backward(grad)
+
+    time_ms = median_ms(step, setup)
     peak = peak_bytes(step, setup.device)
     return {"time_ms": f"{time_ms:.3f}", "peak_bytes": "" if peak is None else peak, "status": "ok"}
 
@@ -433,6 +460,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--causal", action="store_true", help="causal self-attention in the fwd+bwd benchmark"
     )
+    parser.add_argument(
+        "--kernel-only",
+        action="store_true",
+        help="time each kernel on projected q, k, v (no projections) in the fwd+bwd benchmark",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument(
         "--max-bytes",
@@ -479,6 +511,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
         warmup=args.warmup,
         max_bytes=max_bytes,
         causal=args.causal,
+        kernel_only=args.kernel_only,
     )
 
 

@@ -70,3 +70,14 @@ def test_estimate_skips_what_exceeds_the_memory_cap(bench: ModuleType, tmp_path:
     assert status[("eager", "8")] == status[("sdpa", "8")] == status[("sdpa", "512")] == "ok"
     assert status[("eager", "512")].startswith("skipped: estimated")
     assert bench.parse_bytes("4GiB") == 4 * 2**30 and bench.parse_bytes("1e6") == 10**6
+
+
+def test_kernel_only_times_every_kernel_without_projections(bench: ModuleType, tmp_path: Path) -> None:
+    out_csv = tmp_path / "kernels.csv"
+    tiny = ["--d-model", "32", "--heads", "4", "--repeats", "1", "--warmup", "0", "--decode-lengths"]
+    bench.main([*tiny, "--kernel-only", "--causal", "--lengths", "16", "--out-csv", str(out_csv)])
+    with out_csv.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["variant"] for r in rows} == {v.name for v in bench.VARIANTS}
+    assert all(r["mode"] == "kernel fwd+bwd" and r["status"] == "ok" for r in rows)
+    assert all(float(r["time_ms"]) > 0 and int(r["peak_bytes"]) > 0 for r in rows)
