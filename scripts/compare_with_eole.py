@@ -39,6 +39,11 @@ def run_eole(peers: Path, work: Path, budget_s: int, log: Path) -> dict[str, Any
     env = {**os.environ, "WORK": str(work), "BUDGET": str(budget_s)}
     with log.open("w") as out:
         subprocess.run(["bash", str(peers / "run_eole.sh")], env=env, stdout=out, stderr=out, check=True)
+    return read_eole(work)
+
+
+def read_eole(work: Path) -> dict[str, Any]:
+    """A finished eole run's summary.json, with the lowercased BLEU of its beam-5 output added."""
     run = work / "runs" / "eole_transformer"
     summary = json.loads((run / "summary.json").read_text())
     hyps = (run / "test_beam5.hyp").read_text().splitlines()
@@ -119,14 +124,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "peer_eole_25min")
     parser.add_argument("--peers", type=Path, default=ROOT.parent / "shared" / "peers")
     parser.add_argument("--work", type=Path, default=Path("/tmp/eole-peer-compare"), help="eole's folder")
+    parser.add_argument(
+        "--reuse-eole",
+        action="store_true",
+        help="do not train eole: read the finished run in --work (e.g. after evaluating it by hand)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for this project's run")
     args = parser.parse_args()
     if not (args.peers / "run_eole.sh").is_file():
         parser.error(f"no run_eole.sh in --peers {args.peers}")
     args.out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(args.work / "runs" / "eole_transformer", ignore_errors=True)  # a fresh eole run
-
-    eole = run_eole(args.peers, args.work, args.budget_s, args.out / "eole.log")
+    if args.reuse_eole:
+        eole = read_eole(args.work)
+    else:
+        shutil.rmtree(args.work / "runs" / "eole_transformer", ignore_errors=True)  # a fresh eole run
+        eole = run_eole(args.peers, args.work, args.budget_s, args.out / "eole.log")
     (args.out / "eole_summary.json").write_text(json.dumps(eole, indent=1))
     ours = run_ours(args.out.resolve() / "ours", args.budget_s, args.out / "ours.log", args.overrides)
 
