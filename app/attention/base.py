@@ -31,8 +31,7 @@ class KernelCapabilities:
     incremental: bool = True  # can run with Tq < Tk against a KV cache
     exact: bool = True  # computes full softmax attention (equals the eager reference); False for
     # approximations (linear feature maps) and restricted patterns (sparse)
-    recurrent: bool = False  # causal decoding carries a fixed-size state (recurrent_step) instead of K/V,
-    # and a fixed memory (cross-attention) is read through its fixed-size summary (summarize/read_summary)
+    recurrent: bool = False  # causal decoding carries a fixed-size state (recurrent_step) instead of K/V
     attention_dropout: bool = True  # can apply dropout to attention weights (dropout_p > 0)
 
 
@@ -78,17 +77,6 @@ class AttentionKernel(nn.Module):
         not grow with the length.
         """
         raise NotImplementedError(f"{type(self).__name__} has no recurrent form (capabilities.recurrent)")
-
-    def summarize(self, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None) -> Any:
-        """A fixed-size summary of the keys k, v (B, Hkv, Tk, Dh) for non-causal attention over them.
-
-        Only recurrent kernels implement it; :meth:`read_summary` attends queries over the summary.
-        """
-        raise NotImplementedError(f"{type(self).__name__} has no summary form (capabilities.recurrent)")
-
-    def read_summary(self, summary: Any, q: Tensor) -> Tensor:
-        """Non-causal attention of q (B, H, Tq, Dh) over the keys in ``summary``: (B, H, Tq, Dv)."""
-        raise NotImplementedError(f"{type(self).__name__} has no summary form (capabilities.recurrent)")
 
 
 def repeat_kv(x: Tensor, num_heads: int) -> Tensor:

@@ -32,8 +32,7 @@ class KVCache:
 
     Recurrent kernels (``capabilities.recurrent``, e.g. causal linear attention, Katharopoulos et al.
     2020, section 3.4) keep no keys or values: :class:`~app.attention.multihead.MultiHeadAttention`
-    stores their fixed-size ``state`` here instead, so the cache does not grow with the length; for
-    cross-attention through such a kernel, ``state`` is the summary of the source keys and values.
+    stores their fixed-size ``state`` here instead, so the cache does not grow with the length.
     """
 
     k: Tensor | None = None
@@ -44,7 +43,7 @@ class KVCache:
 
     @property
     def filled(self) -> bool:
-        return self.k is not None or self.state is not None
+        return self.k is not None
 
     def length(self) -> int:
         """Cached key positions (0 for a recurrent state, which stores none)."""

@@ -66,17 +66,12 @@ class MultiHeadAttention(nn.Module):
         With a ``cache``, self-attention appends this step's keys/values; cross-attention computes
         them from ``memory`` once and reuses them on later steps. Causal self-attention through a
         recurrent kernel (``capabilities.recurrent``) keeps the kernel's fixed-size state in the cache
-        instead of keys and values, and cross-attention through it keeps a fixed-size summary of the
-        memory. Returns the output (B, Tq, D) and, when asked for, the weights
+        instead of keys and values. Returns the output (B, Tq, D) and, when asked for, the weights
         (B, H, Tq, Tk).
         """
         q = self._split(self.q_proj(x), self.num_heads)  # (B, H, Tq, Dh)
         if self._uses_state(cache, causal=causal, cross=memory is not None):
             context = self._recurrent_step(q, x, key_mask=key_mask, cache=cache, need_weights=need_weights)
-            return self._merge(context), None
-        if self._uses_summary(cache, causal=causal):
-            source = x if memory is None else memory
-            context = self._read_summary(q, source, key_mask=key_mask, cache=cache, need_weights=need_weights)
             return self._merge(context), None
         if cache is not None and cache.static and cache.filled:
             k, v = cache.k, cache.v
@@ -109,25 +104,6 @@ class MultiHeadAttention(nn.Module):
             and not cross
             and self.kernel.capabilities.recurrent
         )
-
-    def _uses_summary(self, cache: KVCache | None, *, causal: bool) -> bool:
-        """Whether this call reads a fixed memory through the kernel's summary rather than cached K/V."""
-        return cache is not None and cache.static and not causal and self.kernel.capabilities.recurrent
-
-    def _read_summary(
-        self, q: Tensor, memory: Tensor, *, key_mask: Tensor | None, cache: KVCache, need_weights: bool
-    ) -> Tensor:
-        """Attention over ``memory`` (B, Tk, D) through the kernel's fixed-size summary, made once.
-
-        Linear attention over a fixed memory needs only (sum phi(k) v^T, sum phi(k)); caching that
-        summary instead of K/V makes each decoding step independent of the source length.
-        """
-        if need_weights:
-            raise ValueError(f"the {type(self.kernel).__name__} kernel cannot return attention weights")
-        if cache.state is None:
-            k, v = self.project_kv(memory)
-            cache.state = self.kernel.summarize(k, v, key_mask=key_mask)
-        return self.kernel.read_summary(cache.state, q)  # (B, H, Tq, Dh)
 
     def _recurrent_step(
         self, q: Tensor, x: Tensor, *, key_mask: Tensor | None, cache: KVCache, need_weights: bool

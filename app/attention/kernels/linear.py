@@ -218,30 +218,16 @@ class LinearAttention(AttentionKernel):
                 f"the linear kernel has no attention weights to drop (dropout_p={dropout_p}); "
                 "set attention.dropout=0"
             )
-        if not causal:
-            return AttentionOutput(context=self.read_summary(self.summarize(k, v, key_mask=key_mask), q))
         phi_q, eps_row, phi_k, values = self._features(q, k, v, key_mask)
-        context = self._causal(phi_q, eps_row, phi_k, values, offset=k.size(2) - q.size(2))
+        tq, tk = q.size(2), k.size(2)
+        if not causal:
+            kv = phi_k.transpose(-1, -2) @ values  # (B, Hkv, m, Dv)
+            num = phi_q @ kv[:, :, None]  # (B, Hkv, G, Tq, Dv)
+            den = phi_q @ phi_k.sum(-2)[:, :, None, :, None]  # (B, Hkv, G, Tq, 1)
+            context = num / (den + eps_row)
+        else:
+            context = self._causal(phi_q, eps_row, phi_k, values, offset=tk - tq)
         return AttentionOutput(context=context.flatten(1, 2).to(q.dtype))  # (B, H, Tq, Dv)
-
-    def summarize(self, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None) -> LinearAttentionState:
-        """The fixed-size state (sum phi(k) v^T, sum phi(k)) of all real keys k, v (B, Hkv, Tk, Dh).
-
-        Non-causal attention over a fixed memory reads only this summary, so cached cross-attention
-        computes it once per sentence instead of re-reading every source key at each decoding step.
-        """
-        work = torch.promote_types(k.dtype, torch.float32)
-        phi_k = self.key_features(k.to(work))
-        if key_mask is not None:
-            phi_k = phi_k * key_mask[:, None, :, None]  # padded keys add nothing to either sum
-        return _prefix_state(phi_k, v.to(work))
-
-    def read_summary(self, state: LinearAttentionState, q: Tensor) -> Tensor:
-        """Non-causal attention of q (B, H, Tq, Dh) over the keys summarised in ``state``: (B, H, Tq, Dv)."""
-        phi_q, eps_row = self._query_features(q, kv_heads=state.kv.size(1))
-        num = phi_q @ state.kv[:, :, None]  # (B, Hkv, G, Tq, Dv)
-        den = phi_q @ state.z[:, :, None, :, None]  # (B, Hkv, G, Tq, 1)
-        return (num / (den + eps_row)).flatten(1, 2).to(q.dtype)
 
     def _causal(self, phi_q: Tensor, eps_row: Tensor, phi_k: Tensor, v: Tensor, *, offset: int) -> Tensor:
         """Query i sits at position i + offset: keys before the first query form the initial state."""
@@ -268,17 +254,13 @@ class LinearAttention(AttentionKernel):
         Half-precision inputs are computed in float32: sums over many keys lose too much otherwise.
         """
         work = torch.promote_types(q.dtype, torch.float32)
-        phi_q, eps_row = self._query_features(q, kv_heads=k.size(1))
+        kv_heads = k.size(1)
+        phi_q, eps_row = self.query_features(q.to(work))
         phi_k = self.key_features(k.to(work))
         if key_mask is not None:
             phi_k = phi_k * key_mask[:, None, :, None]  # padded keys add nothing to either sum
-        return phi_q, eps_row, phi_k, v.to(work)
-
-    def _query_features(self, q: Tensor, *, kv_heads: int) -> tuple[Tensor, Tensor]:
-        """phi(q) (B, Hkv, G, Tq, m) and eps (B, Hkv, G, Tq, 1), grouped by the kv head they share."""
-        phi_q, eps_row = self.query_features(q.to(torch.promote_types(q.dtype, torch.float32)))
         grouped = (kv_heads, q.size(1) // kv_heads)
-        return phi_q.unflatten(1, grouped), eps_row.unflatten(1, grouped)
+        return phi_q.unflatten(1, grouped), eps_row.unflatten(1, grouped), phi_k, v.to(work)
 
     def recurrent_step(
         self,
