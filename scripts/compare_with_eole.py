@@ -9,6 +9,8 @@ same time: the 2 CPU cores would be shared), then decode test_2016_flickr with b
 through ``../shared/peers/run_eole.sh`` (which installs it in its own virtual environment); this project
 through ``train.py experiment=multi30k_transformer``. Writes ``<out>/comparison.md`` and
 ``<out>/comparison.json`` with BLEU (cased and lowercased), chrF, training tokens/s and their ratios.
+When run_eole.sh finds no checkpoint inside the budget, score one with ``scripts/eval_eole_checkpoint.sh``
+and rerun with ``--reuse-eole``.
 """
 
 from __future__ import annotations
