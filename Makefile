@@ -3,9 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # A local copy of the Multi30k release; without it, prepare_data.py downloads the official files.
 MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
-RUN_DIR ?= runs/quickstart
+RUN_DIR ?= docs/results/quickstart
 
-.PHONY: help install data demo test test-fast lint format bench bench-train bench-decode clean
+.PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -26,8 +26,11 @@ demo: data  ## the main job: train the quickstart experiment (<= 10 min on 2 CPU
 	$(PY) train.py experiment=quickstart hydra.run.dir=$(RUN_DIR)
 	$(PY) translate.py $(RUN_DIR)/checkpoints/best.ckpt "Ein Mann fährt mit dem Fahrrad." "Zwei Hunde spielen im Schnee."
 
-test: install  ## every test, slow-marked ones included (what CI runs)
-	$(PY) -m pytest -q -m "slow or not slow"
+test: install  ## every test of every layer (unit, integration, scripts), slow-marked ones included (CI)
+	$(PY) -m pytest -q -m "slow or not slow" tests
+
+test-unit: install  ## the unit layer only (tests/unit), slow-marked tests included
+	$(PY) -m pytest -q -m "slow or not slow" tests/unit
 
 test-fast: install  ## the quick development loop: slow-marked tests deselected
 	$(PY) -m pytest -q
@@ -46,6 +49,9 @@ bench:  ## attention benchmark: time and memory vs length for every kernel (CSV 
 CKPT ?= $(RUN_DIR)/checkpoints/best.ckpt
 bench-decode:  ## decoding sentences/s of CKPT (greedy and beam 5) on its test set
 	$(PY) scripts/bench_decode.py $(CKPT) --beams 1 5
+
+bench-engines:  ## decoding speed and BLEU of CKPT: torch fp32/bf16 against CTranslate2 fp32/int8
+	$(PY) scripts/bench_engines.py $(CKPT)
 
 bench-train: install  ## training tokens/s and peak memory of the quickstart config (BENCH_ARGS: more overrides)
 	$(PY) scripts/bench_train.py experiment=quickstart $(BENCH_ARGS)

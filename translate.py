@@ -5,7 +5,7 @@ Without sentences it reads standard input (or ``-i FILE``) and writes one line p
 
 import sys
 
-from app.translate_cli import main
+from app.inference.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,23 +1,33 @@
-"""Self-contained checkpoints: written atomically, loaded with clear errors.
+"""The checkpoint format, in one place: what a checkpoint holds and how a model is rebuilt from it.
 
-A checkpoint holds the weights, the resolved run config and both sentencepiece models, so
-``translate.py`` needs nothing but the file.
+A checkpoint is Lightning's dict (``state_dict`` with a ``model.`` prefix, loop and optimizer state)
+plus, under :data:`CHECKPOINT_KEY`, everything needed to use the model without the run directory:
+
+    {"config": resolved run config (model, attention, data, ...),
+     "src_spm": bytes, "tgt_spm": bytes,     # the sentencepiece models
+     "valid_search": dict}                   # the decoding used for validation
+
+Training writes it (:func:`translation_payload` from the LightningModule), inference, scripts and tests
+read it (:func:`load_model`), and :func:`model_checkpoint` builds a complete one from a model in memory.
+Files are written atomically and read with clear errors. Nothing here imports Lightning.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import tempfile
+import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from app.data.tokenizer import Tokenizer
+from app.io import atomic_write
 from app.models import build_model
-from app.translator import Translator
+from app.models.seq2seq import Seq2Seq
 
 CHECKPOINT_KEY = "translation"  # where a checkpoint keeps the run config and the tokenizer models
 
@@ -26,30 +36,11 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupted or from another program."""
 
 
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
-    """``torch.save`` to a temporary file in the same directory, then rename over ``path``.
-
-    A crash at any point leaves either the old file or the new one, never a half-written file.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_current_umask())  # mkstemp makes 0600; follow the umask like open() does
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``torch.save`` through :func:`app.io.atomic_write`: a crash at any point leaves either the old
+    file or the new one, never a half-written file."""
+    with atomic_write(path, "wb") as handle:
+        torch.save(obj, handle)
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -68,11 +59,51 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return checkpoint
 
 
-def load_translator(
-    path: str | os.PathLike[str], device: str | torch.device = "cpu"
-) -> tuple[Translator, dict]:
-    """A ready :class:`Translator` and the run config stored in checkpoint ``path``."""
-    checkpoint = read_checkpoint(path)
+@dataclass
+class LoadedModel:
+    """A model rebuilt from a checkpoint, with its tokenizers and the run config it was trained with."""
+
+    model: Seq2Seq
+    src_tokenizer: Tokenizer
+    tgt_tokenizer: Tokenizer
+    config: dict[str, Any]
+
+
+def translation_payload(
+    config: dict[str, Any],
+    src_tokenizer: Tokenizer,
+    tgt_tokenizer: Tokenizer,
+    valid_search: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What a checkpoint keeps under :data:`CHECKPOINT_KEY` besides the weights."""
+    return {
+        "config": config,
+        "src_spm": src_tokenizer.to_bytes(),
+        "tgt_spm": tgt_tokenizer.to_bytes(),
+        "valid_search": dict(valid_search or {}),
+    }
+
+
+def model_checkpoint(
+    model: Seq2Seq,
+    config: dict[str, Any],
+    src_tokenizer: Tokenizer,
+    tgt_tokenizer: Tokenizer,
+    *,
+    global_step: int = 0,
+    epoch: int = 0,
+) -> dict[str, Any]:
+    """A complete weights-only checkpoint of ``model`` (no optimizer state) that :func:`load_model` reads."""
+    return {
+        "epoch": epoch,
+        "global_step": global_step,
+        "state_dict": {f"model.{name}": value for name, value in model.state_dict().items()},
+        CHECKPOINT_KEY: translation_payload(config, src_tokenizer, tgt_tokenizer),
+    }
+
+
+def model_from_checkpoint(checkpoint: dict[str, Any], *, source: str = "checkpoint") -> LoadedModel:
+    """Rebuild the model a checkpoint dict describes and load its weights (on CPU, in eval mode)."""
     extra = checkpoint[CHECKPOINT_KEY]
     config = extra["config"]
     src_tok, tgt_tok = Tokenizer.from_bytes(extra["src_spm"]), Tokenizer.from_bytes(extra["tgt_spm"])
@@ -90,10 +121,42 @@ def load_translator(
         model.load_state_dict(weights)
     except RuntimeError as err:  # e.g. written by a version whose layer layout differed
         raise CheckpointError(
-            f"{path}: the weights do not fit the model its config describes ({err})"
+            f"{source}: the weights do not fit the model its config describes ({err})"
         ) from err
-    model.to(device).eval()
-    return Translator(model, src_tok, tgt_tok), config
+    return LoadedModel(model.eval(), src_tok, tgt_tok, config)
+
+
+def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> LoadedModel:
+    """The model stored in checkpoint ``path``, on ``device`` and in eval mode."""
+    loaded = model_from_checkpoint(read_checkpoint(path), source=str(path))
+    loaded.model.to(device)
+    return loaded
+
+
+_STEP_FILE = re.compile(r"step-(\d+)\.ckpt$")
+
+
+def step_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+    """The ``step-<step>.ckpt`` files in ``directory`` (``checkpoint.keep_last`` keeps them), oldest first."""
+    found = [(int(m.group(1)), p) for p in Path(directory).iterdir() if (m := _STEP_FILE.search(p.name))]
+    return [path for _, path in sorted(found)]
+
+
+def checkpoints_to_average(inputs: list[Path], last: int | None = None) -> list[Path]:
+    """What to average: the files as given, or a run's step checkpoints given its checkpoints directory;
+    of these the newest ``last`` (all when None). Raises :class:`CheckpointError` for a directory without
+    step checkpoints and ValueError for ``last < 1``."""
+    if len(inputs) == 1 and inputs[0].is_dir():
+        paths = step_checkpoints(inputs[0])
+        if not paths:
+            raise CheckpointError(f"no step-<step>.ckpt in {inputs[0]} (train with checkpoint.keep_last>0)")
+    else:
+        paths = list(inputs)
+    if last is not None:
+        if last < 1:
+            raise ValueError(f"--last must be >= 1, got {last}")
+        paths = paths[-last:]
+    return paths
 
 
 def average_checkpoints(paths: list[str | os.PathLike[str]]) -> dict[str, Any]:

@@ -3,22 +3,45 @@
 from __future__ import annotations
 
 import logging
+import platform
+import statistics
+import time
+from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when oneDNN has native bf16 matrix kernels here (AVX512-BF16 or AMX).
+# CPU feature flags (as /proc/cpuinfo names them) of native bf16 matrix instructions: x86 AVX512-BF16 and
+# AMX-BF16, Arm's BF16 extension ("bf16" on the Features line of aarch64 kernels).
+FAST_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The feature flags the kernel reports for the first CPU (empty where there is no ``cpuinfo``)."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True when the CPU has native bf16 matrix instructions (AVX512-BF16, AMX-BF16 or Arm BF16).
 
     Without them bf16 matmuls are emulated and run several times slower than fp32 (measured on an
-    AVX2-only EPYC: 16 vs 110 GFLOP/s), so bf16 autocast would slow training down.
+    AVX2-only EPYC: 16 vs 110 GFLOP/s), so bf16 autocast would slow training down. Where the flags
+    cannot be read (no ``/proc/cpuinfo``: macOS, Windows) the answer is False: fp32 is the safe default.
     """
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    flags = cpu_flags(cpuinfo)
+    if not flags:
+        log.info("no CPU feature flags in %s: assuming no fast bf16", cpuinfo)
+    return bool(flags & FAST_BF16_FLAGS)
 
 
 def resolve_precision(precision: str | int, accelerator: str = "auto") -> str | int:
@@ -30,3 +53,40 @@ def resolve_precision(precision: str | int, accelerator: str = "auto") -> str | 
     chosen = "bf16-mixed" if fast else "32-true"
     log.info("precision=auto -> %s (%s)", chosen, "GPU" if on_gpu else "CPU")
     return chosen
+
+
+def matmul_peak_tflops(dtype: torch.dtype, *, size: int = 2048, repeats: int = 7) -> float:
+    """Measured TFLOP/s of a ``size`` x ``size`` matrix product in ``dtype`` on the current threads.
+
+    The denominator of model FLOP utilisation: what this machine's matrix kernels reach on a large,
+    well-shaped product right now (the median of ``repeats`` timed products after one warm-up), so
+    MFU is a ratio taken on the same machine, threads and load as the model it judges.
+    """
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    torch.matmul(a, b)  # warm-up: oneDNN picks and caches its kernel
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - started)
+    return 2 * size**3 / statistics.median(times) / 1e12
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's marketing name (``model name`` in /proc/cpuinfo on Linux), for benchmark records."""
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:  # not Linux: the name from platform
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_description() -> dict[str, object]:
+    """The CPU model and the instruction-set flags that decide matrix speed, for benchmark records."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "bf16")
+    flags = cpu_flags()
+    return {"cpu_model": cpu_model(), "cpu_flags": [f for f in wanted if f in flags]}

@@ -10,34 +10,10 @@ Given a directory, the candidates are its ``step-<step>.ckpt`` files (written wi
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
-from app.checkpoint import CheckpointError, average_checkpoints, save_atomically
-
-_STEP_FILE = re.compile(r"step-(\d+)\.ckpt$")
-
-
-def step_checkpoints(directory: Path) -> list[Path]:
-    """The ``step-<step>.ckpt`` files in ``directory``, oldest first."""
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_FILE.search(p.name))]
-    return [path for _, path in sorted(found)]
-
-
-def select(inputs: list[Path], last: int | None) -> list[Path]:
-    """Explicit files as given, or the newest ``last`` step checkpoints of a directory."""
-    if len(inputs) == 1 and inputs[0].is_dir():
-        paths = step_checkpoints(inputs[0])
-        if not paths:
-            raise CheckpointError(f"no step-<step>.ckpt in {inputs[0]} (train with checkpoint.keep_last>0)")
-    else:
-        paths = inputs
-    if last is not None:
-        if last < 1:
-            raise ValueError(f"--last must be >= 1, got {last}")
-        paths = paths[-last:]
-    return paths
+from app.checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, save_atomically
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, required=True, help="the averaged checkpoint to write")
     args = parser.parse_args(argv)
     try:
-        paths = select(args.inputs, args.last)
+        paths = checkpoints_to_average(args.inputs, args.last)
         save_atomically(average_checkpoints(paths), args.output)
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,12 +1,13 @@
 """Decoding speed of a checkpoint: sentences per second with greedy and beam search on the test set.
 
-    python scripts/bench_decode.py runs/rnn_additive_12min/checkpoints/best.ckpt            # beams 1 and 5
+    python scripts/bench_decode.py runs/rnn_additive/checkpoints/best.ckpt         # beams 1 and 5
     python scripts/bench_decode.py CKPT --beams 1 5 10 --batch-size 64 --threads 1 --json out.json
     python scripts/bench_decode.py CKPT --source my.de --limit 200                         # another file
 
 The source file defaults to the test split named in the checkpoint's config (``data.files.test.src``,
 relative to the repository root). Each setting translates every sentence once after a warm-up batch;
-the time covers tokenization, batching, search and detokenization, as ``translate.py`` would spend it.
+the time covers tokenization, batching, search and detokenization, as ``translate.py`` would spend it
+(measured by :func:`app.inference.evaluate.evaluate`, as training's test scores are).
 Also printed: the BLEU of each output when the config's reference file exists, so a faster setting
 that translates worse is visible.
 """
@@ -17,7 +18,6 @@ import argparse
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,8 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from app.checkpoint import load_translator  # noqa: E402  (after making the repository importable)
-from app.metrics import corpus_scores  # noqa: E402
-from app.translator import SearchSettings, Translator  # noqa: E402
+from app.inference.evaluate import evaluate  # noqa: E402
+from app.inference.translator import SearchSettings, load_translator  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,20 +58,6 @@ def test_files(config: dict[str, Any]) -> tuple[Path | None, Path | None]:
     return tuple(REPO_ROOT / test[side] if test.get(side) else None for side in ("src", "tgt"))
 
 
-def time_setting(
-    translator: Translator, sentences: list[str], settings: SearchSettings
-) -> tuple[list[str], float]:
-    """Translations of ``sentences`` and the seconds they took, after a warm-up on the first batch."""
-    translator.translate(sentences[: settings.batch_size], settings)
-    if translator.device.type == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    hyps = translator.translate(sentences, settings)
-    if translator.device.type == "cuda":
-        torch.cuda.synchronize()
-    return hyps, time.perf_counter() - started
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -91,15 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         settings = SearchSettings(
             beam=beam, alpha=args.length_penalty, max_len=args.max_len, batch_size=args.batch_size
         )
-        hyps, seconds = time_setting(translator, sentences, settings)
+        evaluation = evaluate(translator, sentences, references, settings, warmup=True)
+        speed = evaluation.speed()
         row = {
             "beam": beam,
-            "sentences": len(sentences),
-            "seconds": round(seconds, 2),
-            "sentences_per_s": round(len(sentences) / seconds, 1),
+            **{k: speed[k] for k in ("sentences", "seconds", "sentences_per_s", "tokens_per_s")},
         }
-        if references is not None:
-            row["bleu"] = corpus_scores(hyps, references).rounded()["bleu"]
+        if evaluation.scores is not None:
+            row["bleu"] = round(evaluation.scores.bleu, 2)
         results.append(row)
         print(json.dumps(row))
     summary = {

@@ -4,6 +4,7 @@
 Examples:
     python scripts/prepare_data.py --source ../shared/data/multi30k    # from local .gz files (offline)
     python scripts/prepare_data.py --langs de en                       # download the official files
+    python scripts/prepare_data.py --source tests/fixtures/multi30k --any-size   # the small test corpus
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # allow running from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO_ROOT))
 
-from app.data.multi30k import LANGS, DownloadError, Multi30kError, SplitSummary, prepare_multi30k  # noqa: E402
+from app.data.multi30k import (  # noqa: E402
+    EXPECTED_LINES,
+    LANGS,
+    DownloadError,
+    Multi30kError,
+    SplitSummary,
+    prepare_multi30k,
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -30,6 +38,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--langs", nargs="+", default=list(LANGS), help=f"languages (default: {' '.join(LANGS)})"
     )
     parser.add_argument("--force", action="store_true", help="re-fetch and rewrite existing files")
+    parser.add_argument(
+        "--any-size",
+        action="store_true",
+        help="accept splits of any size (a slice of the release), not only the official line counts",
+    )
     return parser.parse_args(argv)
 
 
@@ -45,7 +58,13 @@ def format_summary(summaries: Sequence[SplitSummary]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        summaries = prepare_multi30k(args.out, source=args.source, langs=args.langs, force=args.force)
+        summaries = prepare_multi30k(
+            args.out,
+            source=args.source,
+            langs=args.langs,
+            force=args.force,
+            expected_lines=None if args.any_size else EXPECTED_LINES,
+        )
     except (Multi30kError, DownloadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -1,23 +1,23 @@
-"""Shared fixtures: the Multi30k location, a small sentencepiece model, tiny random Transformers."""
+"""Shared fixtures: the Multi30k test corpus, a small sentencepiece model, tiny random Transformers."""
 
 from __future__ import annotations
 
-import gzip
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers.training import read_gz_lines
 
-from app.attention.factory import site_specs
+from app.attention.config import site_specs
+from app.checkpoint import model_checkpoint, save_atomically
 from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
 from app.models import Transformer, build_model
-from app.translator import SearchSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_DIR = REPO_ROOT / "tests" / "fixtures" / "multi30k"
 
 # A tiny model: small enough that a whole test file runs in seconds on two CPU cores.
 TINY_MODEL: dict[str, Any] = {
@@ -51,16 +51,15 @@ def single_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
-    """The Multi30k release (gzipped files); ``MULTI30K_DIR`` overrides ``../shared/data/multi30k``."""
-    path = (REPO_ROOT / os.environ.get("MULTI30K_DIR", "../shared/data/multi30k")).resolve()
+    """The committed Multi30k slice, tests/fixtures/multi30k (``MULTI30K_DIR`` points elsewhere).
+
+    A missing directory fails every test that asked for it: a test that needs data never skips.
+    """
+    override = os.environ.get("MULTI30K_DIR")
+    path = (REPO_ROOT / override).resolve() if override else FIXTURE_DIR
     if not (path / "train.de.gz").is_file():
-        pytest.skip(f"Multi30k not found at {path} (set MULTI30K_DIR)")
+        raise FileNotFoundError(f"no train.de.gz in {path} (MULTI30K_DIR={override!r})")
     return path
-
-
-def read_gz_lines(path: Path, limit: int) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        return [line.rstrip("\n") for _, line in zip(range(limit), handle, strict=False)]
 
 
 @pytest.fixture(scope="session")
@@ -129,16 +128,8 @@ def write_checkpoint(
     seed: int = 0,
     prepare: Callable[[torch.nn.Module], None] | None = None,
 ) -> torch.nn.Module:
-    """Save a random model (changed by ``prepare`` if given) as a checkpoint ``load_translator`` reads.
-
-    Mirrors what Lightning writes plus ``TranslationModule.on_save_checkpoint``: weights under
-    ``state_dict`` with a ``model.`` prefix, and the run config and tokenizers under CHECKPOINT_KEY.
-    """
-    from app.checkpoint import (
-        CHECKPOINT_KEY,
-        save_atomically,  # imports Lightning: only for tests that need it
-    )
-
+    """Save a random model (changed by ``prepare`` if given) as a checkpoint, in the one format
+    :mod:`app.checkpoint` defines for training and inference alike."""
     torch.manual_seed(seed)
     model = build_model(
         model_cfg,
@@ -150,18 +141,8 @@ def write_checkpoint(
     if prepare is not None:
         prepare(model)
     model.eval()
-    checkpoint = {
-        "epoch": 0,
-        "global_step": 0,
-        "state_dict": {f"model.{name}": value for name, value in model.state_dict().items()},
-        CHECKPOINT_KEY: {
-            "config": {"model": model_cfg, "attention": attention_cfg},
-            "src_spm": tokenizer.to_bytes(),
-            "tgt_spm": tokenizer.to_bytes(),
-            "valid_search": asdict(SearchSettings(beam=1)),
-        },
-    }
-    save_atomically(checkpoint, path)
+    config = {"model": model_cfg, "attention": attention_cfg}
+    save_atomically(model_checkpoint(model, config, tokenizer, tokenizer), path)
     return model
 
 

@@ -33,6 +33,8 @@ class KernelCapabilities:
     # approximations (linear feature maps) and restricted patterns (sparse)
     recurrent: bool = False  # causal decoding carries a fixed-size state (recurrent_step) instead of K/V
     attention_dropout: bool = True  # can apply dropout to attention weights (dropout_p > 0)
+    across_sequences: bool = True  # can attend from one sequence to another (cross-attention); False for
+    # patterns of query/key positions, which a target and a source position do not share (sparse)
 
 
 @dataclass
@@ -44,9 +46,14 @@ class AttentionOutput:
 
 
 class AttentionKernel(nn.Module):
-    """Base class of all kernels: one signature, one result type, declared capabilities."""
+    """Base class of all kernels: one signature, one result type, declared capabilities.
+
+    A kernel also describes itself (:meth:`describe`, :meth:`cache_bytes`, :meth:`scores_per_query`), so
+    reports and benchmarks need no branch per kernel name.
+    """
 
     capabilities: ClassVar[KernelCapabilities] = KernelCapabilities()
+    name: ClassVar[str] = ""  # the registered name, set by :func:`app.attention.registry.register_kernel`
 
     def forward(
         self,
@@ -65,6 +72,27 @@ class AttentionKernel(nn.Module):
     def cache_window(self) -> int | None:
         """How many past positions a decoder self-attention cache must keep (None = all)."""
         return None
+
+    def describe(self) -> str:
+        """A short label of the kernel and its main settings, e.g. ``sparse sliding_window window=8``."""
+        return self.name
+
+    def cache_bytes(self, length: int, *, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes a decoder self-attention layer's cache holds per sentence after ``length`` generated tokens.
+
+        Keys and values of ``num_kv_heads`` heads (so GQA/MQA shrink it by num_heads / num_kv_heads), for
+        the last :meth:`cache_window` positions only when the kernel truncates its cache. Recurrent
+        kernels override this with their fixed-size state.
+        """
+        window = self.cache_window()
+        kept = length if window is None else min(length, window)
+        return 2 * num_kv_heads * kept * head_dim * dtype.itemsize  # k and v: (Hkv, kept, Dh) each
+
+    def scores_per_query(self, length: int, *, head_dim: int) -> int:
+        """About how many score-sized numbers one query row keeps through forward+backward over ``length``
+        keys: explicit scores, weights and their gradients (4 x length here). Benchmarks use it to skip
+        runs that cannot fit; fused and blockwise kernels override it."""
+        return 4 * length
 
     def recurrent_step(
         self, state: Any, q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None
@@ -92,8 +120,3 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
 def rows_with_keys(mask: Tensor | None) -> Tensor | None:
     """(B, 1|H, Tq, 1) bool: False for query rows that may attend no key at all (their output is zero)."""
     return None if mask is None else mask.any(dim=-1, keepdim=True)
-
-
-def zeros_like_context(q: Tensor, v: Tensor) -> Tensor:
-    """An all-zero context tensor with the shape and dtype a kernel would return."""
-    return torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype, device=q.device)

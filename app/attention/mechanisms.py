@@ -14,9 +14,10 @@ plus a (B, S) score row.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -50,6 +51,19 @@ class AttentionMechanism(nn.Module):
     ``query_size`` is the decoder state size, ``memory_size`` the encoder output size.
     """
 
+    name: ClassVar[str] = ""  # the registered name, set by :func:`register_mechanism`
+
+    @classmethod
+    def describe(cls, options: Mapping[str, Any]) -> str:
+        """A short label of the score function and the options set, e.g. ``additive attention_size=128``.
+
+        A class method: the sizes a mechanism is built with come from the model, not from the attention
+        config this describes.
+        """
+        return " ".join(
+            [cls.name, *(f"{key}={value}" for key, value in options.items() if value is not None)]
+        )
+
     def __init__(self, *, query_size: int, memory_size: int) -> None:
         super().__init__()
         self.query_size, self.memory_size = query_size, memory_size
@@ -78,6 +92,7 @@ def register_mechanism(name: str) -> Callable[[type[AttentionMechanism]], type[A
     def add(cls: type[AttentionMechanism]) -> type[AttentionMechanism]:
         if name in _MECHANISMS:
             raise ValueError(f"attention mechanism {name!r} is registered twice")
+        cls.name = name
         _MECHANISMS[name] = cls
         return cls
 
@@ -85,16 +100,30 @@ def register_mechanism(name: str) -> Callable[[type[AttentionMechanism]], type[A
 
 
 def available_mechanisms() -> list[str]:
+    """The registered score functions: the values of ``attention.mechanism`` for RNN models."""
     return sorted(_MECHANISMS)
 
 
-def build_mechanism(name: str, *, query_size: int, memory_size: int, **options: Any) -> AttentionMechanism:
-    """Instantiate a registered mechanism; an unknown name or option is reported with the valid ones."""
+def mechanism_class(name: str) -> type[AttentionMechanism]:
+    """The class registered as ``name``; an unknown name is reported with the valid ones."""
     if name not in _MECHANISMS:
         raise AttentionConfigError(
             f"unknown RNN attention mechanism {name!r}; valid choices: {', '.join(available_mechanisms())}"
         )
+    return _MECHANISMS[name]
+
+
+def mechanism_options(name: str) -> list[str]:
+    """The option names a mechanism's constructor takes besides the sizes the model gives it."""
+    params = inspect.signature(mechanism_class(name).__init__).parameters.values()
+    given = {"self", "query_size", "memory_size"}
+    return [p.name for p in params if p.name not in given and p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def build_mechanism(name: str, *, query_size: int, memory_size: int, **options: Any) -> AttentionMechanism:
+    """Instantiate a registered mechanism; an unknown name or option is reported with the valid ones."""
+    cls = mechanism_class(name)
     try:
-        return _MECHANISMS[name](query_size=query_size, memory_size=memory_size, **options)
+        return cls(query_size=query_size, memory_size=memory_size, **options)
     except TypeError as err:
         raise AttentionConfigError(f"attention mechanism {name!r} rejected options {options}: {err}") from err

@@ -21,6 +21,7 @@ def register_kernel(name: str) -> Callable[[type[AttentionKernel]], type[Attenti
     def add(cls: type[AttentionKernel]) -> type[AttentionKernel]:
         if name in _KERNELS:
             raise ValueError(f"attention kernel {name!r} is registered twice")
+        cls.name = name
         _KERNELS[name] = cls
         return cls
 
@@ -28,10 +29,12 @@ def register_kernel(name: str) -> Callable[[type[AttentionKernel]], type[Attenti
 
 
 def available_kernels() -> list[str]:
+    """The registered kernel names: the choices of ``attention=<name>`` for Transformers."""
     return sorted(_KERNELS)
 
 
 def kernel_class(name: str) -> type[AttentionKernel]:
+    """The class registered as ``name``; an unknown name is reported with the valid ones."""
     if name not in _KERNELS:
         raise AttentionConfigError(
             f"unknown attention kernel {name!r}; valid choices: {', '.join(available_kernels())}"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
 
 @dataclass
@@ -28,28 +28,12 @@ class Batch:
         return int(self.src.ne(self.pad_id).sum()) + self.num_target_tokens
 
 
-class ParallelIds(Dataset):
-    """Token ids of a split (without specials); items are (index, src_ids, tgt_ids)."""
-
-    def __init__(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
-        if len(src) != len(tgt):
-            raise ValueError(f"{len(src)} source but {len(tgt)} target sequences")
-        self.src, self.tgt = src, tgt
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def __getitem__(self, index: int) -> tuple[int, Sequence[int], Sequence[int]]:
-        return index, self.src[index], self.tgt[index]
-
-    def lengths(self) -> list[int]:
-        """Per example, the longer side including the special token added on each side."""
-        return [max(len(s), len(t)) + 1 for s, t in zip(self.src, self.tgt, strict=True)]
-
-
 @dataclass(frozen=True)
 class Collator:
-    """Adds EOS to sources, BOS/EOS to targets, and pads to the longest sequence in the batch."""
+    """Adds EOS to sources, BOS/EOS to targets, and pads to the longest sequence in the batch.
+
+    Examples are ``(index, src_ids, tgt_ids)`` with ids as lists or numpy arrays (:class:`EncodedPairs`).
+    """
 
     pad_id: int
     bos_id: int
@@ -57,13 +41,22 @@ class Collator:
 
     def __call__(self, examples: list[tuple[int, Sequence[int], Sequence[int]]]) -> Batch:
         index = torch.tensor([e[0] for e in examples], dtype=torch.long)
-        src = self._pad([[*e[1], self.eos_id] for e in examples])
-        tgt_in = self._pad([[self.bos_id, *e[2]] for e in examples])
-        tgt_out = self._pad([[*e[2], self.eos_id] for e in examples])
+        sources, targets = [e[1] for e in examples], [e[2] for e in examples]
+        src = self._pad(sources, append=self.eos_id)
+        tgt_in = self._pad(targets, prepend=self.bos_id)
+        tgt_out = self._pad(targets, append=self.eos_id)
         return Batch(src=src, tgt_in=tgt_in, tgt_out=tgt_out, index=index, pad_id=self.pad_id)
 
-    def _pad(self, rows: list[list[int]]) -> Tensor:
-        out = torch.full((len(rows), max(len(r) for r in rows)), self.pad_id, dtype=torch.long)
+    def _pad(
+        self, rows: list[Sequence[int]], *, prepend: int | None = None, append: int | None = None
+    ) -> Tensor:
+        """(B, longest + 1): each row with one special token before or after it, then padding."""
+        out = np.full((len(rows), max(map(len, rows)) + 1), self.pad_id, dtype=np.int64)
+        start = 0 if prepend is None else 1
         for i, row in enumerate(rows):
-            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
+            out[i, start : start + len(row)] = row
+            if prepend is not None:
+                out[i, 0] = prepend
+            if append is not None:
+                out[i, len(row)] = append
+        return torch.from_numpy(out)

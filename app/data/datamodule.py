@@ -1,16 +1,21 @@
-"""LightningDataModule: encoded splits, token-bucket training batches, ordered evaluation batches."""
+"""LightningDataModule: Arrow-encoded splits, token-bucket training batches, ordered evaluation batches."""
 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
+import datasets
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from app.data.batch import Collator, ParallelIds
+from app.data.batch import Collator
 from app.data.batching import TokenBucketBatchSampler
-from app.data.corpus import ParallelText, filter_pairs
+from app.data.corpus import keep_mask
+from app.data.encoded import EncodedPairs, encode_split
 from app.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -34,73 +39,104 @@ class ResumableDataLoader(DataLoader):
 class TranslationDataModule(pl.LightningDataModule):
     """Holds the encoded corpus; training batches are sharded over ranks by the sampler itself.
 
-    Training pairs that are empty or longer than ``max_len`` subwords are dropped (and counted).
-    Evaluation splits are never filtered: a sequence longer than the model accepts (``max_positions``
-    including EOS/BOS) is truncated for the validation loss, and counted in the log.
+    ``corpora`` are ``src`` / ``tgt`` text datasets (see :mod:`app.data.sources`); ``setup`` tokenizes
+    them into the Arrow cache under ``cache_dir`` (or maps an existing cache) with ``num_proc`` processes.
+    Training pairs that are empty, longer than ``max_len`` subwords or, with ``max_ratio``, more unequal
+    in length than that are dropped (and counted). Evaluation splits are never filtered: a sequence
+    longer than the model accepts (``max_positions`` including EOS/BOS) is truncated for the validation
+    loss, and counted in the log. ``num_workers`` DataLoader processes read and pad batches off the
+    training process.
     """
 
     def __init__(
         self,
         *,
-        corpora: dict[str, ParallelText],
+        corpora: dict[str, datasets.Dataset],
         src_tokenizer: Tokenizer,
         tgt_tokenizer: Tokenizer,
         max_tokens: int,
         max_len: int,
         max_positions: int,
+        cache_dir: str | os.PathLike[str],
         eval_max_tokens: int | None = None,
+        max_ratio: float | None = None,
         seed: int = 0,
+        num_proc: int = 1,
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
         self.corpora = corpora
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.max_tokens, self.max_positions = max_tokens, max_positions
         self.max_len = min(max_len, max_positions - 1)  # room for the EOS / BOS the collator adds
+        self.max_ratio = max_ratio
         self.eval_max_tokens = eval_max_tokens or max_tokens
-        self.seed, self.num_workers = seed, num_workers
+        self.cache_dir = Path(cache_dir)
+        self.seed, self.num_proc, self.num_workers = seed, num_proc, num_workers
         self.collate = Collator(
             pad_id=tgt_tokenizer.pad_id, bos_id=tgt_tokenizer.bos_id, eos_id=tgt_tokenizer.eos_id
         )
-        self.datasets: dict[str, ParallelIds] = {}
+        self.datasets: dict[str, EncodedPairs] = {}
         self.dropped_train_pairs = 0
+        self._valid_references: list[str] | None = None
 
     @property
     def valid_references(self) -> list[str]:
-        return self.corpora["valid"].tgt
+        """The validation targets as text (a small split: materialised once)."""
+        if self._valid_references is None:
+            self._valid_references = self.corpora["valid"].with_format("arrow")["tgt"].to_pylist()
+        return self._valid_references
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        for split, text in self.corpora.items():
-            src, tgt = self.src_tokenizer.encode(text.src), self.tgt_tokenizer.encode(text.tgt)
-            if split == "train":
-                keep, self.dropped_train_pairs = filter_pairs(src, tgt, max_len=self.max_len)
-                src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
-                log.info(
-                    "training pairs: %d kept, %d dropped (empty or > %d subwords)",
-                    len(keep),
-                    self.dropped_train_pairs,
-                    self.max_len,
-                )
-            else:
-                src, tgt = self._truncate(split, src), self._truncate(split, tgt)
-            self.datasets[split] = ParallelIds(src, tgt)
+        for split, texts in self.corpora.items():
+            encoded = encode_split(
+                texts,
+                self.src_tokenizer,
+                self.tgt_tokenizer,
+                cache_dir=self.cache_dir,
+                num_proc=self.num_proc,
+                name=split,
+            )
+            self.datasets[split] = (
+                self._filter(encoded) if split == "train" else self._truncate(split, encoded)
+            )
 
-    def _truncate(self, split: str, sequences: list[list[int]]) -> list[list[int]]:
+    def _filter(self, encoded: datasets.Dataset) -> EncodedPairs:
+        """The training pairs that pass the length (and ratio) filter, decided on the length columns."""
+        src_len, tgt_len = EncodedPairs(encoded).side_lengths()
+        keep, counts = keep_mask(src_len, tgt_len, max_len=self.max_len, max_ratio=self.max_ratio)
+        self.dropped_train_pairs = counts.dropped
+        log.info(
+            "training pairs: %d kept, %d dropped (empty or > %d subwords)",
+            counts.kept,
+            counts.empty_or_long,
+            self.max_len,
+        )
+        if self.max_ratio is not None:
+            log.info("training pairs: %d more dropped (length ratio > %g)", counts.ratio, self.max_ratio)
+        return EncodedPairs(encoded, rows=np.flatnonzero(keep))
+
+    def _truncate(self, split: str, encoded: datasets.Dataset) -> EncodedPairs:
         limit = self.max_positions - 1
-        too_long = sum(len(s) > limit for s in sequences)
+        src_len, tgt_len = EncodedPairs(encoded).side_lengths()
+        too_long = int((src_len > limit).sum() + (tgt_len > limit).sum())
         if too_long:
             log.warning(
                 "%s: %d sequences longer than %d subwords truncated for the loss", split, too_long, limit
             )
-        return [s[:limit] for s in sequences]
+        return EncodedPairs(encoded, truncate=limit)
 
     def _loader(self, split: str, *, train: bool) -> ResumableDataLoader:
         """Token-bucket batches of ``split``, sharded over the trainer's ranks (training and validation).
 
         Validation batches keep the length order (no shuffle); each rank decodes its share and the
-        LightningModule gathers the hypotheses back by example index.
+        LightningModule gathers the hypotheses back by example index. With ``num_workers`` the batch
+        order still comes from the sampler in this process (so resuming is unchanged); workers only
+        fetch and pad the batches it names.
         """
         dataset = self.datasets[split]
         trainer = self.trainer
@@ -122,6 +158,7 @@ class TranslationDataModule(pl.LightningDataModule):
             batch_sampler=sampler,
             collate_fn=self.collate,
             num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
             generator=torch.Generator().manual_seed(self.seed),
         )
 
@@ -130,6 +167,3 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid", train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", train=False)

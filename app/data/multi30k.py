@@ -8,16 +8,18 @@ byte-identical to the official files. Sources are either a local directory holdi
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "EXPECTED_LINES",
+    "FIXTURE_LINES",
     "LANGS",
     "SPLITS",
     "URL_TEMPLATE",
@@ -26,6 +28,7 @@ __all__ = [
     "SplitSummary",
     "count_lines",
     "prepare_multi30k",
+    "write_slice",
 ]
 
 SPLITS = ("train", "val", "test_2016_flickr")
@@ -33,6 +36,8 @@ LANGS = ("en", "de", "fr", "cs")
 URL_TEMPLATE = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{split}.{lang}.gz"
 EXPECTED_LINES = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000}
 """Official sentence counts, used to catch truncated downloads or wrong source files."""
+FIXTURE_LINES = {"train": 3_000, "val": 300, "test_2016_flickr": 200}
+"""Sentences per split of the test fixture (tests/fixtures/multi30k): the first lines of the release."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _DOWNLOAD_TIMEOUT_S = 60
@@ -116,7 +121,14 @@ def _validate_names(langs: Sequence[str], splits: Sequence[str]) -> None:
 
 
 def _prepare_split(
-    out_dir: Path, split: str, langs: Sequence[str], *, source: Path | None, force: bool, url_template: str
+    out_dir: Path,
+    split: str,
+    langs: Sequence[str],
+    *,
+    source: Path | None,
+    force: bool,
+    url_template: str,
+    expected_lines: Mapping[str, int] | None,
 ) -> SplitSummary:
     """Write all languages of one split, skipping identical existing files, and check line counts."""
     counts: dict[str, int] = {}
@@ -134,10 +146,8 @@ def _prepare_split(
     if len(set(counts.values())) != 1:
         raise Multi30kError(f"split {split!r}: languages differ in line count: {counts}")
     lines = next(iter(counts.values()))
-    if lines != EXPECTED_LINES[split]:
-        raise Multi30kError(
-            f"split {split!r} has {lines} lines, the official corpus has {EXPECTED_LINES[split]}"
-        )
+    if expected_lines is not None and lines != expected_lines[split]:
+        raise Multi30kError(f"split {split!r} has {lines} lines, expected {expected_lines[split]}")
     return SplitSummary(split=split, lines=lines, written=written, skipped=len(langs) - written)
 
 
@@ -149,6 +159,7 @@ def prepare_multi30k(
     splits: Sequence[str] = SPLITS,
     force: bool = False,
     url_template: str = URL_TEMPLATE,
+    expected_lines: Mapping[str, int] | None = EXPECTED_LINES,
 ) -> list[SplitSummary]:
     """Create ``{out_dir}/{split}.{lang}`` for every split and language; idempotent.
 
@@ -156,7 +167,8 @@ def prepare_multi30k(
     rewritten only if its content differs; without it they are downloaded from ``url_template`` and
     existing output files are kept as they are (``force=True`` re-fetches and rewrites everything).
     Raises :class:`Multi30kError` if the languages of a split differ in line count or the count is not
-    the official one, and :class:`DownloadError` when a download fails.
+    ``expected_lines[split]`` (the official counts; None accepts any count, e.g. for a slice such as
+    the test fixture), and :class:`DownloadError` when a download fails.
     """
     _validate_names(langs, splits)
     source_dir = None if source is None else Path(source)
@@ -165,6 +177,49 @@ def prepare_multi30k(
     target_dir = Path(out_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     return [
-        _prepare_split(target_dir, split, langs, source=source_dir, force=force, url_template=url_template)
+        _prepare_split(
+            target_dir,
+            split,
+            langs,
+            source=source_dir,
+            force=force,
+            url_template=url_template,
+            expected_lines=expected_lines,
+        )
         for split in splits
     ]
+
+
+def write_slice(
+    source: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    lines: Mapping[str, int] = FIXTURE_LINES,
+    langs: Sequence[str] = LANGS,
+) -> dict[str, int]:
+    """Write the first ``lines[split]`` sentences of every split and language of the release in ``source``
+    as ``{out_dir}/{split}.{lang}.gz``; returns the bytes written per file name.
+
+    The first lines, not a random sample: a slice of a slice is the same slice, so tests may cut their
+    own smaller corpora from it and get what they got from the release. The gzip header carries no
+    time stamp or file name (``mtime=0``), so the same input always gives byte-identical files.
+    Raises :class:`Multi30kError` for unknown names or a split with fewer lines than asked for.
+    """
+    _validate_names(langs, list(lines))
+    source_dir, target_dir = Path(source), Path(out_dir)
+    if not source_dir.is_dir():
+        raise Multi30kError(f"source directory does not exist: {source_dir}")
+    target_dir.mkdir(parents=True, exist_ok=True)
+    sizes: dict[str, int] = {}
+    for split, count in lines.items():
+        for lang in langs:
+            text = _read_local(source_dir, split, lang)
+            head = io.BytesIO(text).readlines()[:count]  # split at b"\n" only, as count_lines does
+            if len(head) < count:
+                raise Multi30kError(
+                    f"{split}.{lang} in {source_dir} has {len(head)} lines, fewer than {count}"
+                )
+            name = f"{split}.{lang}.gz"
+            data = gzip.compress(b"".join(head), compresslevel=9, mtime=0)
+            _write_atomically(target_dir / name, data)
+            sizes[name] = len(data)
+    return sizes

@@ -1,4 +1,4 @@
-"""Turn the ``data`` config into the train / valid / test parallel texts.
+"""Turn the ``data`` config into the train / valid / test parallel texts (memory-mapped datasets).
 
 A corpus comes either from local line-aligned files (``files``; missing files are prepared first by
 the fetcher named in ``fetch``, e.g. Multi30k) or from a ``datasets`` hub dataset (``hub``).
@@ -10,7 +10,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from app.data.corpus import CorpusError, ParallelText, load_hub_parallel, read_parallel
+import datasets
+
+from app.data.corpus import CorpusError, open_hub_parallel, open_parallel
 from app.data.multi30k import prepare_multi30k
 
 SPLIT_NAMES = ("train", "valid", "test")
@@ -24,15 +26,18 @@ def _fetch_multi30k(cfg: Mapping[str, Any]) -> None:
 FETCHERS: dict[str, Callable[[Mapping[str, Any]], None]] = {"multi30k": _fetch_multi30k}
 
 
-def load_corpora(cfg: Mapping[str, Any]) -> dict[str, ParallelText]:
-    """Parallel text of every split named in the config, keyed by 'train', 'valid', 'test'."""
+def load_corpora(cfg: Mapping[str, Any]) -> dict[str, datasets.Dataset]:
+    """Every split named in the config as a ``src`` / ``tgt`` dataset, keyed by 'train', 'valid', 'test'.
+
+    The texts stay in memory-mapped Arrow files; nothing here reads a corpus into Python objects.
+    """
     cache_dir = cfg.get("cache_dir")
     if cfg.get("hub"):
         return {split: _load_hub_split(cfg["hub"], split, cache_dir) for split in SPLIT_NAMES}
     files = cfg["files"]
     ensure_files(cfg)
     return {
-        split: read_parallel(files[split]["src"], files[split]["tgt"], cache_dir=cache_dir)
+        split: open_parallel(files[split]["src"], files[split]["tgt"], cache_dir=cache_dir)
         for split in SPLIT_NAMES
     }
 
@@ -54,8 +59,8 @@ def ensure_files(cfg: Mapping[str, Any]) -> None:
         raise CorpusError(f"corpus file(s) not found: {', '.join(missing)}")
 
 
-def _load_hub_split(hub: Mapping[str, Any], split: str, cache_dir: str | None) -> ParallelText:
-    return load_hub_parallel(
+def _load_hub_split(hub: Mapping[str, Any], split: str, cache_dir: str | None) -> datasets.Dataset:
+    return open_hub_parallel(
         hub["name"],
         config=hub.get("config"),
         split=hub["splits"][split],

@@ -12,13 +12,15 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
-from app.distributed import launched_as_local_zero, wait_for_file
+from app.data.corpus import TextColumn, TextDigest
+from app.training.distributed import launched_as_local_zero, wait_for_file
 
 __all__ = [
     "BOS_ID",
@@ -44,6 +46,7 @@ EOS_ID = 3
 MODEL_TYPES = ("unigram", "bpe")
 _SPECIAL_IDS = frozenset({PAD_ID, BOS_ID, EOS_ID})
 _MIN_VOCAB_SIZE = 5  # the four specials plus at least one real piece
+_SAMPLE_CHUNK = 10_000  # sentences fetched per Arrow call while streaming the training sample
 
 
 class TokenizerError(ValueError):
@@ -56,7 +59,8 @@ class SubwordConfig:
 
     ``joint`` trains one model on source and target text together (shared vocabulary, allows tied
     embeddings); otherwise each side gets its own model of ``vocab_size`` pieces.
-    ``input_sentence_size`` caps how many sentences (sampled with ``seed``) training reads.
+    ``input_sentence_size`` caps how many sentences (sampled with ``seed``) training reads: only
+    those are fetched from the corpus, so training memory is bounded whatever the corpus size.
     """
 
     model_type: str = "unigram"
@@ -158,13 +162,14 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size})"
 
 
-def _texts_fingerprint(texts: Iterable[str]) -> str:
-    """SHA-256 over the texts with length prefixes, so that line boundaries are part of the hash."""
-    digest = hashlib.sha256()
-    for text in texts:
-        data = text.encode("utf-8")
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
+def _texts_fingerprint(parts: Sequence[Sequence[str]]) -> str:
+    """Content hash of the texts of all parts, in order (line boundaries included, see TextDigest)."""
+    digest = TextDigest()
+    for texts in parts:
+        if isinstance(texts, TextColumn):
+            texts.update_digest(digest)  # straight from the Arrow buffers
+        else:
+            digest.update_texts(texts)
     return digest.hexdigest()
 
 
@@ -173,20 +178,46 @@ def _cache_key(config: SubwordConfig, corpus_key: str, side: str, fingerprint: s
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
-def _model_path(cache_dir: Path, config: SubwordConfig, corpus_key: str, side: str, texts: list[str]) -> Path:
+def _model_path(
+    cache_dir: Path, config: SubwordConfig, corpus_key: str, side: str, parts: Sequence[Sequence[str]]
+) -> Path:
     """Cache file name: readable prefix plus a hash of everything that determines the model."""
-    key = _cache_key(config, corpus_key, side, _texts_fingerprint(texts))
+    key = _cache_key(config, corpus_key, side, _texts_fingerprint(parts))
     safe_corpus = re.sub(r"[^A-Za-z0-9._-]+", "_", corpus_key).strip("_") or "corpus"
     return cache_dir / f"spm-{safe_corpus}-{side}-{config.model_type}{config.vocab_size}-{key}.model"
 
 
-def _training_sentences(texts: list[str]) -> Iterator[str]:
-    """Non-empty sentences (empty lines carry nothing to learn from)."""
-    return (text for text in texts if text.strip())
+def sample_indices(total: int, limit: int, seed: int) -> np.ndarray | None:
+    """Sorted positions of ``limit`` of ``total`` sentences drawn without replacement from ``seed``;
+    ``None`` when ``total <= limit`` (every sentence is used, in corpus order)."""
+    if total <= limit:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(total, size=limit, replace=False))
 
 
-def _train_model_proto(texts: list[str], config: SubwordConfig) -> bytes:
-    """Train a model from an in-memory sentence iterator and return its serialized proto."""
+def _take(texts: Sequence[str], indices: np.ndarray) -> list[str]:
+    take = getattr(texts, "take", None)  # an Arrow-backed column fetches a chunk in one call
+    return take(indices) if take is not None else [texts[int(i)] for i in indices]
+
+
+def _training_sentences(parts: Sequence[Sequence[str]], limit: int, seed: int) -> Iterator[str]:
+    """At most ``limit`` sentences of the parts (concatenated), sampled reproducibly and streamed in
+    chunks, so a corpus of any size is never held in memory; empty ones are skipped (nothing to learn)."""
+    sizes = [len(texts) for texts in parts]
+    chosen = sample_indices(sum(sizes), limit, seed)
+    offset = 0
+    for texts, size in zip(parts, sizes, strict=True):
+        if chosen is None:
+            indices = np.arange(size)
+        else:
+            indices = chosen[(chosen >= offset) & (chosen < offset + size)] - offset
+        offset += size
+        for start in range(0, indices.size, _SAMPLE_CHUNK):
+            yield from (text for text in _take(texts, indices[start : start + _SAMPLE_CHUNK]) if text.strip())
+
+
+def _train_model_proto(parts: Sequence[Sequence[str]], config: SubwordConfig) -> bytes:
+    """Train a model on a sample of the parts' sentences (see :func:`_training_sentences`); its proto."""
     options: dict[str, object] = {
         "model_type": config.model_type,
         "vocab_size": config.vocab_size,
@@ -208,12 +239,14 @@ def _train_model_proto(texts: list[str], config: SubwordConfig) -> bytes:
     writer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_training_sentences(texts), model_writer=writer, **options
+            sentence_iterator=_training_sentences(parts, config.input_sentence_size, config.seed),
+            model_writer=writer,
+            **options,
         )
     except RuntimeError as error:
         raise TokenizerError(
             f"sentencepiece could not train a {config.model_type} model with vocab_size={config.vocab_size} "
-            f"on {len(texts)} sentences: {error}"
+            f"on {sum(map(len, parts))} sentences: {error}"
         ) from error
     return writer.getvalue()
 
@@ -238,13 +271,13 @@ def _publish_once(path: Path, data: bytes) -> None:
 
 
 def _train_or_load_one(
-    texts: list[str], config: SubwordConfig, cache_dir: Path, corpus_key: str, side: str
+    parts: Sequence[Sequence[str]], config: SubwordConfig, cache_dir: Path, corpus_key: str, side: str
 ) -> Tokenizer:
     """Load the cached model; train it first on the node's first process, wait for it on the others."""
-    path = _model_path(cache_dir, config, corpus_key, side, texts)
+    path = _model_path(cache_dir, config, corpus_key, side, parts)
     if not path.is_file():
         if launched_as_local_zero():
-            _publish_once(path, _train_model_proto(texts, config))
+            _publish_once(path, _train_model_proto(parts, config))
         else:
             wait_for_file(path)
     return Tokenizer.from_file(path)
@@ -252,8 +285,8 @@ def _train_or_load_one(
 
 def train_or_load(
     *,
-    src_texts: list[str],
-    tgt_texts: list[str],
+    src_texts: Sequence[str],
+    tgt_texts: Sequence[str],
     config: SubwordConfig,
     cache_dir: str | os.PathLike[str],
     corpus_key: str,
@@ -261,13 +294,15 @@ def train_or_load(
     """Source and target tokenizers trained on the *training* texts, cached in ``cache_dir``.
 
     The cache file name hashes ``config``, ``corpus_key`` and the texts themselves, so a changed
-    setting or corpus trains a new model while an unchanged one is loaded without training.
+    setting or corpus trains a new model while an unchanged one is loaded without training. The texts
+    may be lists or Arrow-backed :class:`app.data.corpus.TextColumn` views (nothing is copied); training
+    reads at most ``config.input_sentence_size`` of them, drawn with ``config.seed``.
     With ``config.joint`` one model is trained on both sides and returned twice (the same object).
     """
     cache_path = Path(cache_dir)
     if config.joint:
-        joint = _train_or_load_one(list(src_texts) + list(tgt_texts), config, cache_path, corpus_key, "joint")
+        joint = _train_or_load_one([src_texts, tgt_texts], config, cache_path, corpus_key, "joint")
         return joint, joint
-    src = _train_or_load_one(list(src_texts), config, cache_path, corpus_key, "src")
-    tgt = _train_or_load_one(list(tgt_texts), config, cache_path, corpus_key, "tgt")
+    src = _train_or_load_one([src_texts], config, cache_path, corpus_key, "src")
+    tgt = _train_or_load_one([tgt_texts], config, cache_path, corpus_key, "tgt")
     return src, tgt

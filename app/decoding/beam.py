@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from app.decoding.greedy import constrain
+from app.decoding.hypothesis import Hypothesis
 from app.models.seq2seq import EncoderOutput, Seq2Seq
 
 
@@ -26,10 +27,15 @@ def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
 class Finished:
     """Completed hypotheses of one sentence."""
 
-    hyps: list[tuple[float, list[int]]] = field(default_factory=list)
+    hyps: list[Hypothesis] = field(default_factory=list)
 
     def best(self) -> list[int]:
-        return max(self.hyps, key=lambda h: h[0])[1] if self.hyps else []
+        return self.nbest(1)[0].tokens
+
+    def nbest(self, n: int) -> list[Hypothesis]:
+        """The ``n`` best by score, best first (an empty hypothesis when none finished)."""
+        ranked = sorted(self.hyps, key=lambda h: h.score, reverse=True)[:n]
+        return ranked or [Hypothesis(tokens=[], score=float("-inf"))]
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Beams:
     scores: Tensor  # (b, K) summed log-probabilities
     tokens: Tensor  # (b*K,) last token of each row
     history: Tensor  # (b*K, t) tokens so far, BOS excluded
+    token_scores: Tensor  # (b*K, t) log-probability of each of those tokens
     limits: Tensor  # (b*K,) most output tokens per row
 
     @classmethod
@@ -52,6 +59,7 @@ class Beams:
             scores=scores,
             tokens=torch.full((batch * k,), bos_id, dtype=torch.long, device=device),
             history=torch.empty(batch * k, 0, dtype=torch.long, device=device),
+            token_scores=torch.empty(batch * k, 0, device=device),
             limits=limits.repeat_interleave(k),
         )
 
@@ -59,10 +67,15 @@ class Beams:
         """Continue with the K best non-EOS candidates; returns each new row's parent row (b*K,)."""
         b, k = self.scores.shape
         keep = surviving_candidates(cand_token, eos_id, k)  # (b, K) positions among the 2K candidates
-        self.scores = cand_scores.gather(1, keep)
+        new_scores = cand_scores.gather(1, keep)  # (b, K)
         parent = (cand_beam.gather(1, keep) + torch.arange(b, device=keep.device)[:, None] * k).view(-1)
+        step_scores = new_scores.view(-1) - self.scores.view(-1)[parent]  # (b*K,) this token's log-prob
+        self.scores = new_scores
         self.tokens = cand_token.gather(1, keep).view(-1)
         self.history = torch.cat([self.history.index_select(0, parent), self.tokens[:, None]], dim=1)
+        self.token_scores = torch.cat(
+            [self.token_scores.index_select(0, parent), step_scores[:, None]], dim=1
+        )
         return parent
 
     def keep_sentences(self, live: Tensor) -> Tensor:
@@ -71,10 +84,11 @@ class Beams:
         rows = (live.nonzero() * k + torch.arange(k, device=live.device)).view(-1)
         self.sentence, self.scores = self.sentence[live], self.scores[live]
         self.tokens, self.history, self.limits = self.tokens[rows], self.history[rows], self.limits[rows]
+        self.token_scores = self.token_scores[rows]
         return rows
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     model: Seq2Seq,
     src: Tensor,
@@ -86,27 +100,57 @@ def beam_search(
     alpha: float = 0.6,
     banned: tuple[int, ...] = (),
 ) -> list[list[int]]:
-    """Best hypothesis per sentence (ids without BOS/EOS). ``src`` (B, S); ``limits`` (B,) max tokens.
+    """Best hypothesis per sentence (ids without BOS/EOS). ``src`` (B, S); ``limits`` (B,) max tokens."""
+    found = beam_hypotheses(
+        model,
+        src,
+        beam_size=beam_size,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        limits=limits,
+        alpha=alpha,
+        banned=banned,
+    )
+    return [hyps[0].tokens for hyps in found]
+
+
+@torch.inference_mode()
+def beam_hypotheses(
+    model: Seq2Seq,
+    src: Tensor,
+    *,
+    beam_size: int,
+    bos_id: int,
+    eos_id: int,
+    limits: Tensor,
+    alpha: float = 0.6,
+    banned: tuple[int, ...] = (),
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
+    """The ``nbest`` (<= ``beam_size``) best hypotheses per sentence, best first, with their scores.
 
     Sentences that have K finished hypotheses leave the batch, so the remaining steps cost less.
     """
     k = beam_size
+    if not 1 <= nbest <= k:
+        raise ValueError(f"nbest={nbest} must be between 1 and the beam size {k}")
     encoded = model.encode(src)
     rows = torch.arange(src.size(0), device=src.device).repeat_interleave(k)  # (B*K,) sentence of each row
     state = model.start_decoding(EncoderOutput(memory=encoded.memory[rows], mask=encoded.mask[rows]))
     beams = Beams.start(limits.to(src.device), k, bos_id)
     finished = [Finished() for _ in range(src.size(0))]
+    done = torch.zeros(src.size(0), dtype=torch.long, device=src.device)  # finished hypotheses per sentence
     for step in range(int(limits.max())):
         log_probs = constrain(model.decode_step(beams.tokens, state), step, beams.limits, eos_id, banned)
         cand_scores, cand_beam, cand_token = top_candidates(beams.scores, log_probs, k)
-        collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, eos_id, alpha)
-        live = torch.tensor([len(finished[s].hyps) < k for s in beams.sentence.tolist()], device=src.device)
+        collect_finished(finished, done, beams, cand_scores, cand_beam, cand_token, log_probs, eos_id, alpha)
+        live = done[beams.sentence] < k  # (b,)
         if not bool(live.any()):
             break
         state.reorder(beams.advance(cand_scores, cand_beam, cand_token, eos_id))
         if not bool(live.all()):
             state.select_rows(beams.keep_sentences(live))
-    return [f.best() for f in finished]
+    return [f.nbest(nbest) for f in finished]
 
 
 def top_candidates(scores: Tensor, log_probs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -128,21 +172,34 @@ def surviving_candidates(cand_token: Tensor, eos_id: int, k: int) -> Tensor:
 
 def collect_finished(
     finished: list[Finished],
+    done: Tensor,
     beams: Beams,
     cand_scores: Tensor,
     cand_beam: Tensor,
     cand_token: Tensor,
-    step: int,
+    log_probs: Tensor,
     eos_id: int,
     alpha: float,
 ) -> None:
-    """Move EOS candidates ranked within the top K into their sentence's finished list."""
+    """Move EOS candidates ranked within the top K into their sentence's finished list.
+
+    Only the (few) EOS candidates reach Python; ``done`` (B,) counts each sentence's finished ones.
+    """
     k = beams.scores.size(1)
     ends = (cand_token[:, :k] == eos_id) & torch.isfinite(cand_scores[:, :k])
-    for live_pos, pos in ends.nonzero().tolist():
-        done = finished[int(beams.sentence[live_pos])]
-        if len(done.hyps) >= k:
+    if not bool(ends.any()):
+        return
+    length = beams.history.size(1) + 1  # tokens so far plus EOS
+    penalty = length_penalty(length, alpha)
+    live_pos, pos = ends.nonzero(as_tuple=True)
+    parent = live_pos * k + cand_beam[live_pos, pos]  # (E,) rows that end here
+    eos_scores = log_probs[parent, eos_id]
+    histories, token_scores = beams.history[parent].tolist(), beams.token_scores[parent].tolist()
+    sentences, totals = beams.sentence[live_pos].tolist(), cand_scores[live_pos, pos].tolist()
+    for sentence, total, tokens, scores, eos in zip(
+        sentences, totals, histories, token_scores, eos_scores.tolist(), strict=True
+    ):
+        if len(finished[sentence].hyps) >= k:
             continue
-        row = live_pos * k + int(cand_beam[live_pos, pos])
-        score = float(cand_scores[live_pos, pos]) / length_penalty(step + 1, alpha)
-        done.hyps.append((score, beams.history[row].tolist()))
+        finished[sentence].hyps.append(Hypothesis(tokens, total / penalty, [*scores, eos]))
+        done[sentence] += 1

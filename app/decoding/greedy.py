@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from app.decoding.hypothesis import Hypothesis
 from app.models.seq2seq import Seq2Seq
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_search(
     model: Seq2Seq, src: Tensor, *, bos_id: int, eos_id: int, limits: Tensor, banned: tuple[int, ...] = ()
 ) -> list[list[int]]:
@@ -17,20 +18,64 @@ def greedy_search(
     ``src`` (B, S) padded source ids; ``limits`` (B,) the most tokens (EOS included) per sentence;
     ``banned`` ids (padding, BOS) are never produced.
     """
+    hyps = greedy_hypotheses(model, src, bos_id=bos_id, eos_id=eos_id, limits=limits, banned=banned)
+    return [h.tokens for h in hyps]
+
+
+@torch.inference_mode()
+def greedy_hypotheses(
+    model: Seq2Seq, src: Tensor, *, bos_id: int, eos_id: int, limits: Tensor, banned: tuple[int, ...] = ()
+) -> list[Hypothesis]:
+    """:func:`greedy_search` with the log-probability of every chosen token (EOS included)."""
+    return token_search(
+        model,
+        src,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        limits=limits,
+        banned=banned,
+        choose=lambda lp: lp.argmax(-1),
+    )
+
+
+def token_search(
+    model: Seq2Seq,
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    limits: Tensor,
+    banned: tuple[int, ...],
+    choose,
+) -> list[Hypothesis]:
+    """One hypothesis per sentence, built token by token with ``choose(log_probs (B, V)) -> ids (B,)``.
+
+    Greedy search chooses the argmax, sampling draws from the distribution; both stop once every
+    sentence has produced EOS (finished rows keep emitting EOS, which is cut off afterwards).
+    """
     batch = src.size(0)
     state = model.start_decoding(model.encode(src))
     tokens = torch.full((batch,), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     steps: list[Tensor] = []
+    step_scores: list[Tensor] = []
     for step in range(int(limits.max())):
         log_probs = constrain(model.decode_step(tokens, state), step, limits, eos_id, banned)  # (B, V)
-        tokens = log_probs.argmax(dim=-1)
-        tokens = tokens.masked_fill(finished, eos_id)
+        tokens = choose(log_probs).masked_fill(finished, eos_id)
         steps.append(tokens)
+        step_scores.append(log_probs.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0))
         finished |= tokens == eos_id
         if bool(finished.all()):
             break
-    return [strip_after_eos(row, eos_id) for row in torch.stack(steps, dim=1).tolist()]
+    ids, scores = torch.stack(steps, dim=1).tolist(), torch.stack(step_scores, dim=1).tolist()  # (B, T)
+    return [hypothesis(row, row_scores, eos_id) for row, row_scores in zip(ids, scores, strict=True)]
+
+
+def hypothesis(ids: list[int], scores: list[float], eos_id: int) -> Hypothesis:
+    """The output up to EOS, with the scores of its tokens and of EOS when it was produced."""
+    end = ids.index(eos_id) + 1 if eos_id in ids else len(ids)
+    kept = scores[:end]
+    return Hypothesis(tokens=strip_after_eos(ids, eos_id), score=float(sum(kept)), token_scores=kept)
 
 
 def constrain(log_probs: Tensor, step: int, limits: Tensor, eos_id: int, banned: tuple[int, ...]) -> Tensor:

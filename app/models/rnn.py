@@ -9,16 +9,14 @@ the Transformer, so greedy and beam search work unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from app.attention import padding_mask
-from app.attention.mechanisms import available_mechanisms, build_mechanism
+from app.attention.config import RNNAttentionSpec
+from app.attention.mechanisms import build_mechanism, mechanism_options
 from app.attention.registry import AttentionConfigError
 from app.models.embeddings import TokenEmbedding
 from app.models.rnn_decoder import DECODERS, CellState, RNNDecoder, RNNState
@@ -91,10 +89,7 @@ class RNNSeq2Seq(Seq2Seq):
         src_vocab_size: int,
         tgt_vocab_size: int,
         pad_id: int,
-        decoder: type[RNNDecoder],
-        mechanism: str,
-        attention_options: Mapping[str, Any],
-        decoder_options: Mapping[str, Any],
+        attention: RNNAttentionSpec,
         cell: str = "lstm",
         embedding_size: int = 256,
         encoder_hidden_size: int = 256,
@@ -126,9 +121,12 @@ class RNNSeq2Seq(Seq2Seq):
             is_lstm=cell == "lstm",
         )
         memory_size = 2 * encoder_hidden_size
-        self.decoder = decoder(
+        self.decoder = decoder_class(attention)(
             attention=build_mechanism(
-                mechanism, query_size=decoder_hidden_size, memory_size=memory_size, **attention_options
+                attention.mechanism,
+                query_size=decoder_hidden_size,
+                memory_size=memory_size,
+                **attention.mechanism_options,
             ),
             cell=cell,
             embedding_size=embedding_size,
@@ -136,7 +134,7 @@ class RNNSeq2Seq(Seq2Seq):
             memory_size=memory_size,
             num_layers=decoder_layers,
             dropout=dropout,
-            **decoder_options,
+            **attention.decoder_options,
         )
         self.output = nn.Linear(embedding_size, tgt_vocab_size)
         if tie_embeddings:
@@ -200,20 +198,19 @@ class RNNSeq2Seq(Seq2Seq):
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
 
-def split_attention_config(attention: Mapping[str, Any]) -> tuple[type[RNNDecoder], str, dict, dict]:
-    """The decoder class, mechanism name, mechanism options and decoder options of an ``attention`` config."""
-    options = {k: v for k, v in attention.items() if k != "name"}
-    if "mechanism" not in options:
+def decoder_class(attention: RNNAttentionSpec) -> type[RNNDecoder]:
+    """The decoder ``attention.decoder`` names, after checking that it takes the remaining options."""
+    if attention.decoder not in DECODERS:
         raise AttentionConfigError(
-            f"the rnn model needs attention.mechanism (got keys {sorted(options)}); "
-            f"valid mechanisms: {', '.join(available_mechanisms())}"
+            f"unknown RNN decoder attention.decoder={attention.decoder!r}; "
+            f"valid choices: {', '.join(DECODERS)}"
         )
-    decoder_name = options.pop("decoder", None)
-    if decoder_name not in DECODERS:
+    decoder = DECODERS[attention.decoder]
+    unknown = sorted(set(attention.decoder_options) - set(decoder.options))
+    if unknown:
         raise AttentionConfigError(
-            f"unknown RNN decoder attention.decoder={decoder_name!r}; valid choices: {', '.join(DECODERS)}"
+            f"unknown key(s) {unknown} in attention for decoder {attention.decoder!r} and mechanism "
+            f"{attention.mechanism!r}; the decoder's options: {list(decoder.options) or 'none'}, the "
+            f"mechanism's: {mechanism_options(attention.mechanism) or 'none'}"
         )
-    decoder = DECODERS[decoder_name]
-    mechanism = options.pop("mechanism")
-    decoder_options = {k: options.pop(k) for k in decoder.options if k in options}
-    return decoder, mechanism, options, decoder_options
+    return decoder

@@ -77,6 +77,12 @@ class FlashAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}"
 
+    def describe(self) -> str:
+        return f"{self.name} backend={self.backend}"
+
+    def scores_per_query(self, length: int, *, head_dim: int) -> int:
+        return 0  # fused: the scores live in on-chip tiles, never as a (T, T) tensor
+
     def forward(
         self,
         q: Tensor,

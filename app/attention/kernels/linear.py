@@ -156,6 +156,28 @@ class LinearAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return f"feature_map={self.feature_map!r}, num_features={self.num_features}, eps={self.eps}"
 
+    def describe(self) -> str:
+        if self.feature_map == "favor":
+            return f"{self.name} favor m={self.num_features}"
+        return f"{self.name} {self.feature_map}"
+
+    def feature_size(self, head_dim: int) -> int:
+        """m, the width of phi(x) for a head of ``head_dim``: elu keeps it, FAVOR+ draws ``num_features``."""
+        return head_dim if self.feature_map == "elu" else self.num_features
+
+    def cache_bytes(self, length: int, *, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """The fixed-size decoding state (S, z): m x Dh + m numbers per kv head whatever ``length`` is,
+        kept in float32 or wider (see :meth:`_features`)."""
+        if length == 0:
+            return 0  # no state before the first token
+        m = self.feature_size(head_dim)
+        work = torch.promote_types(dtype, torch.float32)
+        return num_kv_heads * (m * head_dim + m) * work.itemsize
+
+    def scores_per_query(self, length: int, *, head_dim: int) -> int:
+        """The chunk's scores and the query's features, kept with their gradients; not the length."""
+        return 4 * (min(length, self.chunk_size) + self.feature_size(head_dim))
+
     # --- feature maps -------------------------------------------------------------------------------
 
     def projection(self, dim: int, device: torch.device, dtype: torch.dtype) -> Tensor:

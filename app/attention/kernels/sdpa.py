@@ -16,6 +16,9 @@ class SDPAttention(AttentionKernel):
 
     capabilities = KernelCapabilities(returns_weights=False)
 
+    def scores_per_query(self, length: int, *, head_dim: int) -> int:
+        return 0  # fused: the scores live in on-chip tiles, never as a (T, T) tensor
+
     def forward(
         self,
         q: Tensor,

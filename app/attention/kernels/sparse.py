@@ -23,8 +23,8 @@ With Tq > Tk the first queries get negative positions: they come before every ke
 A cache truncated to the last ``cache_window()`` keys shifts query and key positions alike, which only
 the sliding window (a function of ``p - j``) survives; every other pattern needs the whole cache.
 
-The patterns relate positions *within one sequence*: use a dense kernel for cross-attention, where a
-target position and a source position are not comparable (``conf/attention/sparse.yaml`` does).
+The patterns relate positions *within one sequence*: cross-attention, where a target position and a
+source position are not comparable, needs a dense kernel (``capabilities.across_sequences`` is False).
 
 Computation never forms the Tq x Tk score matrix: queries go ``block`` positions at a time, and each
 block gathers only the keys its pattern may reach -- a slab shared by the whole block (band, own or
@@ -213,8 +213,15 @@ class SparseAttention(AttentionKernel):
     """Softmax attention restricted to a sparse pattern, computed blockwise (see the module docstring)."""
 
     # Not exact: softmax over a restricted set of keys (equal to eager only if the pattern covers them all).
+    # Not across sequences: a pattern of positions means nothing between a target and a source position
+    # (and a cached decoding step would see another pattern than the full pass), so cross stays dense.
     capabilities = KernelCapabilities(
-        padding_mask=True, causal=True, returns_weights=True, incremental=True, exact=False
+        padding_mask=True,
+        causal=True,
+        returns_weights=True,
+        incremental=True,
+        exact=False,
+        across_sequences=False,
     )
 
     def __init__(
@@ -258,6 +265,26 @@ class SparseAttention(AttentionKernel):
         """
         s = self.settings
         return s.window + 1 if s.pattern == "sliding_window" and s.num_global == 0 else None
+
+    def describe(self) -> str:
+        """The pattern and the settings it reads, e.g. ``sparse strided window=8 stride=4``."""
+        s = self.settings
+        parts = [self.name, s.pattern]
+        if s.pattern in _BANDED:
+            parts.append(f"window={s.window}")
+        if s.pattern in ("strided", "fixed"):
+            parts.append(f"stride={s.stride}")
+        if s.pattern == "fixed":
+            parts.append(f"summary={s.summary}")
+        if s.pattern == "random_blocks":
+            parts.append(f"random={s.num_random_blocks}x{s.block}")
+        if s.num_global:
+            parts.append(f"global={s.num_global}")
+        return " ".join(parts)
+
+    def scores_per_query(self, length: int, *, head_dim: int) -> int:
+        """Scores of the keys a query block gathers (its band and block), kept with their gradients."""
+        return 6 * min(length, 2 * self.settings.window + 2 * self.settings.block)
 
     def forward(
         self,

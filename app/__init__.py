@@ -1,0 +1,1 @@
+"""attn-mt: encoder-decoder machine translation with pluggable attention."""

@@ -1,0 +1,202 @@
+"""The data pipeline at scale: first preparation, start-up from cache, peak memory, training throughput.
+
+A benchmark, not a test (``scripts/bench_data.py`` is the command line). For ``--pairs N`` it writes a
+synthetic corpus grown from Multi30k's training set (:mod:`app.data.synthetic`), then runs two phases,
+each in a fresh process so that each peak RSS is that phase's own:
+
+* ``prepare``: an empty cache -> datasets' Arrow conversion, sentencepiece training, tokenization with
+  ``data.num_proc`` processes (``prep_s``, ``prep_peak_rss_mb``);
+* ``train``: the same config with the cache now warm -> ``startup_s`` (config to the first training
+  batch in hand: corpus mapping, content hashes, tokenizer and token-cache loading, filtering, batching),
+  then ``--steps`` optimizer steps (``tokens_per_s``: real source + target tokens per second over the
+  steps after the first ``--steps // 4``; ``peak_rss_mb`` of the training process, rank 0 under DDP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from app.data.batch import Batch
+from app.data.synthetic import write_synthetic_corpus
+from app.training.distributed import register_resolvers
+from app.training.task import build_run
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BASE = REPO_ROOT / "../shared/data/multi30k"
+
+
+def peak_rss_mb() -> int:
+    """This process's peak resident set size so far, in MiB (Linux reports KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def bench_config(
+    corpus_dir: Path, cache_dir: Path, out_dir: Path, steps: int, overrides: list[str]
+) -> DictConfig:
+    """``train.py``'s config on the synthetic corpus, ``steps`` steps, no validation, no files written."""
+    register_resolvers()
+    base = DEFAULT_BASE.resolve()
+    files = [
+        "data=custom",
+        f"data.files.train.src={corpus_dir / 'train.src'}",
+        f"data.files.train.tgt={corpus_dir / 'train.tgt'}",
+        f"data.files.valid.src={base / 'val.de.gz'}",
+        f"data.files.valid.tgt={base / 'val.en.gz'}",
+        f"data.files.test.src={base / 'test_2016_flickr.de.gz'}",
+        f"data.files.test.tgt={base / 'test_2016_flickr.en.gz'}",
+        f"data.cache_dir={cache_dir}",
+    ]
+    fixed = [
+        f"trainer.max_steps={steps}",
+        "trainer.max_time=null",
+        "trainer.max_epochs=null",
+        "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "checkpoint.every_n_steps=null",
+        "early_stopping.patience=0",
+        "logger.kind=null",
+        f"output_dir={out_dir}",
+    ]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=[*files, *overrides, *fixed])
+
+
+class StepClock(pl.Callback):
+    """When the first batch arrived, and the end time and real token count of every training step."""
+
+    def __init__(self) -> None:
+        self.first_batch: float | None = None
+        self.ends: list[float] = []
+        self.tokens: list[int] = []
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Batch, idx: int
+    ) -> None:
+        if self.first_batch is None:
+            self.first_batch = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Batch, idx: int
+    ) -> None:
+        self.ends.append(time.perf_counter())
+        self.tokens.append(batch.num_tokens)
+
+    def tokens_per_s(self, warmup: int) -> float:
+        """Tokens per second of the steps after the first ``warmup`` ones."""
+        if len(self.ends) <= warmup + 1:
+            raise RuntimeError(f"only {len(self.ends)} steps ran; need more than {warmup + 1}")
+        return sum(self.tokens[warmup + 1 :]) / (self.ends[-1] - self.ends[warmup])
+
+
+def prepare_phase(cfg: DictConfig) -> dict[str, Any]:
+    """Build everything up to the encoded, filtered splits; time it (the cache is expected empty)."""
+    started = time.perf_counter()
+    run = build_run(cfg)
+    run.datamodule.setup("fit")
+    return {
+        "prep_s": round(time.perf_counter() - started, 2),
+        "prep_peak_rss_mb": peak_rss_mb(),
+        "train_pairs_kept": len(run.datamodule.datasets["train"]),
+        "train_pairs_dropped": run.datamodule.dropped_train_pairs,
+    }
+
+
+def train_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
+    """Start from the warm cache and train ``steps`` steps; start-up time, throughput and memory."""
+    started = time.perf_counter()
+    run = build_run(cfg)
+    clock = StepClock()
+    run.trainer.callbacks.append(clock)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    if not run.trainer.is_global_zero:
+        return {}
+    assert clock.first_batch is not None
+    return {
+        "startup_s": round(clock.first_batch - started, 2),
+        "tokens_per_s": round(clock.tokens_per_s(warmup=steps // 4)),
+        "peak_rss_mb": peak_rss_mb(),
+        "steps": len(clock.ends),
+        "world_size": run.trainer.world_size,
+        "num_workers": run.datamodule.num_workers,
+        "num_proc": run.datamodule.num_proc,
+    }
+
+
+def run_phase(phase: str, args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
+    """Run one phase in a fresh Python process; its JSON line on stdout is the result."""
+    command = [
+        sys.executable,
+        "-m",
+        "app.data.bench",
+        "--phase",
+        phase,
+        "--pairs",
+        str(args.pairs),
+        "--steps",
+        str(args.steps),
+        "--work-dir",
+        str(args.work_dir),
+        *overrides,
+    ]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{phase} phase failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pairs", type=int, required=True, help="synthetic training pairs")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps of the train phase")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus")
+    parser.add_argument(
+        "--work-dir", type=Path, default=REPO_ROOT / "data" / "bench", help="corpora and caches"
+    )
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--phase", choices=("prepare", "train"), help=argparse.SUPPRESS)
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args, overrides = parse_args(argv)
+    work = args.work_dir.resolve()
+    corpus_dir, cache_dir = work / f"synthetic-{args.pairs}", work / f"cache-{args.pairs}"
+    if args.phase:  # inside a phase process
+        cfg = bench_config(corpus_dir, cache_dir, work / "run", args.steps, overrides)
+        result = prepare_phase(cfg) if args.phase == "prepare" else train_phase(cfg, args.steps)
+        if result:
+            print(json.dumps(result))
+        return result
+    started = time.perf_counter()
+    base = DEFAULT_BASE.resolve()
+    write_synthetic_corpus(base / "train.de.gz", base / "train.en.gz", corpus_dir, args.pairs, seed=args.seed)
+    synth_s = time.perf_counter() - started
+    shutil.rmtree(cache_dir, ignore_errors=True)  # the first preparation starts from nothing
+    result = {
+        "pairs": args.pairs,
+        "overrides": overrides,
+        "synthesis_s": round(synth_s, 1),
+        **run_phase("prepare", args, overrides),
+        **run_phase("train", args, overrides),
+    }
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Export trained models to other inference runtimes (CTranslate2)."""

@@ -1,0 +1,351 @@
+"""The ``translate.py`` command line: sentences from arguments, standard input or a file.
+
+Guarantees: exactly one output line per input line, in order; an empty line gives an empty line;
+invalid UTF-8 is replaced (with a warning on stderr) and a line longer than the model accepts is
+truncated (with a warning), never dropped. Lines are split on ``\\n`` only (a trailing ``\\r`` is
+removed), so other Unicode line separators inside a sentence never shift the alignment.
+``--plot-attention DIR`` also writes one attention heatmap per non-empty line (``DIR/line_000001.png``).
+``--ref FILE`` also scores the translations against FILE (one reference per input line) with
+:func:`app.inference.evaluate.evaluate`: BLEU, lowercased BLEU, chrF, speed and the sacreBLEU signature
+go to standard error, so standard output stays the translations.
+``MODEL`` is a checkpoint (torch engine) or a directory from ``scripts/export.py --format ct2`` (CTranslate2);
+``--format jsonl`` writes one JSON object per input line instead of text (see :func:`jsonl_record`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+import torch
+
+from app.checkpoint import CheckpointError
+from app.decoding import Sampling
+from app.inference.engines import ENGINES, Engine, TorchEngine, Translation, open_engine
+from app.inference.evaluate import Evaluation, evaluate
+from app.inference.translator import SearchSettings, Translator
+from app.io import atomic_write
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Translate sentences with a trained checkpoint.")
+    parser.add_argument(
+        "checkpoint",
+        metavar="MODEL",
+        help="a .ckpt written by train.py, or a directory written by scripts/export.py --format ct2",
+    )
+    parser.add_argument("sentences", nargs="*", help="sentences to translate (default: read input lines)")
+    parser.add_argument("-i", "--input", help="read lines from this file instead of standard input")
+    parser.add_argument("-o", "--output", help="write translations to this file instead of standard output")
+    parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy search (default 5)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default 64)")
+    parser.add_argument("--max-len", type=int, default=256, help="most output subwords per sentence")
+    parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_engine_args(parser)
+    parser.add_argument(
+        "--ref",
+        metavar="FILE",
+        help="score the translations against this reference file (one line per input line); "
+        "scores go to standard error",
+    )
+    parser.add_argument(
+        "--plot-attention",
+        metavar="DIR",
+        help="also write one attention heatmap PNG per non-empty input line to DIR (line_000001.png, ...)",
+    )
+    parser.add_argument(
+        "--attention-layer",
+        type=int,
+        help="Transformer decoder layer whose cross-attention is plotted (default: the last)",
+    )
+    parser.add_argument(
+        "--attention-head", type=int, help="plot this attention head only (default: the mean over heads)"
+    )
+    # Intermixed: sentences may follow options (`CKPT --beam 1 "..."`), which plain parse_args rejects.
+    return parser.parse_intermixed_args(argv)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Engine, n-best, sampling and output-format options (shared with scripts/serve.py)."""
+    parser.add_argument(
+        "--engine", choices=ENGINES, help="default: ct2 for an exported directory, else torch"
+    )
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: the engine's choice)")
+    parser.add_argument("--nbest", type=int, default=1, help="hypotheses per input, best first (<= --beam)")
+    parser.add_argument("--sample", metavar="topk:K|topp:P", help="sample instead of beam search")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed: same seed, same output")
+    parser.add_argument(
+        "--format",
+        choices=("text", "jsonl"),
+        default="text",
+        help="text: the best translation per line; jsonl: input, hypotheses, scores (and alignment)",
+    )
+
+
+def search_settings(args: argparse.Namespace) -> SearchSettings:
+    """The decoding the command line asks for; a bad value raises ValueError naming it."""
+    sampling = (
+        Sampling.parse(args.sample, temperature=args.temperature, seed=args.seed) if args.sample else None
+    )
+    return SearchSettings(
+        beam=args.beam,
+        alpha=args.length_penalty,
+        max_len=args.max_len,
+        batch_size=args.batch_size,
+        nbest=args.nbest,
+        sampling=sampling,
+    )
+
+
+def jsonl_record(source: str, translations: list[Translation]) -> str:
+    """One JSON line: the input, its hypotheses (best first) with total and per-token scores and, from
+    the torch engine, the alignment as [target subword, most attended source subword] pairs."""
+    record = {
+        "input": source,
+        "hypotheses": [
+            {
+                "text": t.text,
+                "score": t.score,
+                "token_scores": t.token_scores,
+                **({"alignment": [list(pair) for pair in t.alignment]} if t.alignment is not None else {}),
+            }
+            for t in translations
+        ],
+    }
+    return json.dumps(record, ensure_ascii=False)
+
+
+def decode_lines(raw: BinaryIO, warn: TextIO) -> Iterator[str]:
+    """Lines of a byte stream as text, split on b'\\n' only; bad UTF-8 is replaced with a warning."""
+    for number, line in enumerate(raw, start=1):
+        line = line.removesuffix(b"\n").removesuffix(b"\r")
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError:
+            print(f"warning: line {number}: invalid UTF-8 replaced with U+FFFD", file=warn)
+            yield line.decode("utf-8", errors="replace")
+
+
+def chunks(lines: Iterable[str], size: int, flush_each: bool) -> Iterator[list[str]]:
+    """Groups of ``size`` lines; single lines when interactive so each answer comes at once."""
+    group: list[str] = []
+    for line in lines:
+        group.append(line)
+        if flush_each or len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+@dataclass(frozen=True)
+class PlotSettings:
+    """Where and what ``--plot-attention`` draws."""
+
+    directory: Path
+    layer: int | None = None
+    head: int | None = None
+
+
+def translate_group(
+    translator: Translator | Engine,
+    group: list[str],
+    settings: SearchSettings,
+    *,
+    first_line: int,
+    on_truncate: Callable[[int, int], None],
+    plots: PlotSettings | None,
+    jsonl: bool = False,
+) -> list[str]:
+    """Output lines for ``group``; with ``plots``, also one heatmap per non-empty line."""
+    if jsonl:
+        found = translator.translate_nbest(group, settings, on_truncate, details=True)
+        return [jsonl_record(line, hyps) for line, hyps in zip(group, found, strict=True)]
+    if plots is None:
+        return translator.translate(group, settings, on_truncate=on_truncate)
+    if isinstance(translator, TorchEngine):
+        translator = translator.translator
+    if not isinstance(translator, Translator):
+        raise ValueError(f"--plot-attention needs the torch engine, not {translator.name}")
+    from app.attention.plot import plot_file_name, save_attention_plot  # matplotlib: only when plotting
+
+    maps = translator.translate_with_attention(
+        group, settings, layer=plots.layer, head=plots.head, on_truncate=on_truncate
+    )
+    for index, attention in enumerate(maps):
+        if attention is not None:
+            line = first_line + index
+            title = f"line {line}: {attention.translation}"
+            save_attention_plot(attention, plots.directory / plot_file_name(line), title=title)
+    return ["" if m is None else m.translation for m in maps]
+
+
+def translate_stream(
+    translator: Translator | Engine,
+    lines: Iterable[str],
+    out: TextIO,
+    settings: SearchSettings,
+    *,
+    interactive: bool = False,
+    plots: PlotSettings | None = None,
+    jsonl: bool = False,
+) -> int:
+    """Translate ``lines`` to ``out``, one line each; returns how many lines were written."""
+    written = 0
+    for group in chunks(lines, settings.batch_size * 8, flush_each=interactive):
+        offset = written
+
+        def warn_truncated(index: int, length: int, offset: int = offset) -> None:
+            print(
+                f"warning: line {offset + index + 1}: {length} subwords exceed the model's limit of "
+                f"{translator.max_source_tokens}; truncated",
+                file=sys.stderr,
+            )
+
+        texts = translate_group(
+            translator,
+            group,
+            settings,
+            first_line=offset + 1,
+            on_truncate=warn_truncated,
+            plots=plots,
+            jsonl=jsonl,
+        )
+        for text in texts:
+            out.write(text.replace("\n", " ") + "\n")
+            written += 1
+        out.flush()
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = search_settings(args)
+        translator = open_engine(
+            args.checkpoint, engine=args.engine, device=args.device, threads=args.threads
+        )
+    except (CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    plots = (
+        PlotSettings(Path(args.plot_attention), layer=args.attention_layer, head=args.attention_head)
+        if args.plot_attention
+        else None
+    )
+    try:
+        if args.ref and (plots is not None or args.format == "jsonl"):
+            raise ValueError(
+                "--ref writes plain translations: it cannot be combined with --plot-attention or jsonl"
+            )
+        with ExitStack() as stack:  # an error inside leaves -o FILE as it was (see output_file)
+            lines = input_lines(args, stack)
+            out = stack.enter_context(output_file(args.output))
+            if args.ref:
+                evaluation = score_against_reference(translator, list(lines), args, settings, out)
+                print(format_evaluation(evaluation), file=sys.stderr)
+            else:
+                interactive = not args.sentences and not args.input and sys.stdin.isatty()
+                translate_stream(
+                    translator,
+                    lines,
+                    out,
+                    settings,
+                    interactive=interactive,
+                    plots=plots,
+                    jsonl=args.format == "jsonl",
+                )
+    except ValueError as err:  # e.g. an attention layer or head the model lacks, a line count mismatch
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+@contextmanager
+def output_file(path: str | None) -> Iterator[TextIO]:
+    """Standard output, or ``path`` written atomically: a run that fails part-way (a decoding error,
+    Ctrl-C) leaves the previous file, or none, rather than the translations of the first lines only.
+    A path that is not a regular file (``/dev/stdout``, a pipe) is written directly."""
+    if path is None:
+        sys.stdout.reconfigure(encoding="utf-8")  # translations may hold any character
+        yield sys.stdout
+    elif Path(path).exists() and not Path(path).is_file():
+        with open(path, "w", encoding="utf-8") as out:
+            yield out
+    else:
+        with atomic_write(path, "w", encoding="utf-8") as out:
+            yield out
+
+
+def input_lines(args: argparse.Namespace, stack: ExitStack) -> Iterable[str]:
+    """The sentences given as arguments, else the lines of ``-i FILE``, else standard input."""
+    if args.sentences:
+        return [s.replace("\n", " ") for s in args.sentences]
+    if args.input:
+        try:
+            return decode_lines(stack.enter_context(open(args.input, "rb")), sys.stderr)
+        except OSError as err:
+            raise SystemExit(f"error: cannot read {args.input}: {err.strerror}") from err
+    return decode_lines(sys.stdin.buffer, sys.stderr)
+
+
+def input_name(args: argparse.Namespace) -> str:
+    """How error messages name the input: the file, the command-line sentences, or standard input."""
+    if args.sentences:
+        return "the command-line sentences"
+    return args.input or "standard input"
+
+
+def score_against_reference(
+    translator: Translator | Engine,
+    sentences: list[str],
+    args: argparse.Namespace,
+    settings: SearchSettings,
+    out: TextIO,
+) -> Evaluation:
+    """Translate all ``sentences`` at once, write them to ``out`` and score them against ``args.ref``."""
+    try:
+        with open(args.ref, "rb") as handle:
+            references = list(decode_lines(handle, sys.stderr))
+    except OSError as err:
+        raise ValueError(f"cannot read reference file {args.ref}: {err.strerror}") from err
+    if len(references) != len(sentences):
+        raise ValueError(
+            f"{input_name(args)} has {len(sentences)} lines but reference file {args.ref} has "
+            f"{len(references)}; they must match line for line"
+        )
+
+    def warn_truncated(index: int, length: int) -> None:
+        print(
+            f"warning: line {index + 1}: {length} subwords exceed the model's limit of "
+            f"{translator.max_source_tokens}; truncated",
+            file=sys.stderr,
+        )
+
+    evaluation = evaluate(
+        translator, sentences, references, settings, test_set=args.ref, on_truncate=warn_truncated
+    )
+    for text in evaluation.hypotheses:
+        out.write(text.replace("\n", " ") + "\n")
+    out.flush()
+    return evaluation
+
+
+def format_evaluation(evaluation: Evaluation) -> str:
+    """Scores and speed on one line each, for standard error."""
+    scores, speed = evaluation.scores, evaluation.speed()
+    assert scores is not None  # evaluate() was given references
+    return (
+        f"BLEU {scores.bleu:.2f} | BLEU lc {scores.bleu_lc:.2f} | chrF {scores.chrf:.2f} "
+        f"| {scores.signature}\n"
+        f"{speed['sentences']} sentences in {speed['seconds']} s: {speed['sentences_per_s']} sentences/s, "
+        f"{speed['tokens_per_s']} target tokens/s, {speed['threads']} threads on {speed['device']}"
+    )

@@ -1,0 +1,232 @@
+"""Sentences in, sentences out: tokenization, batching by length, search, detokenization.
+
+Used by validation during training and by ``translate.py``. Order is always kept, an empty input
+gives an empty output, and a source longer than the model accepts is truncated (reported through
+``on_truncate``), never dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from app.checkpoint import load_model
+from app.data.tokenizer import Tokenizer
+from app.decoding import (
+    Hypothesis,
+    Sampling,
+    beam_hypotheses,
+    greedy_hypotheses,
+    output_limits,
+    sample_search,
+)
+from app.models.seq2seq import Seq2Seq
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    beam: int = 5  # 1 = greedy search
+    alpha: float = 0.6  # GNMT length penalty exponent (beam search only)
+    max_len: int = 256  # hard cap on output tokens
+    len_ratio: float = 1.5  # per-sentence cap: len_ratio * source tokens + len_extra
+    len_extra: int = 10
+    batch_size: int = 64  # sentences per search batch
+    nbest: int = 1  # hypotheses per sentence: at most ``beam``, or any number of samples
+    sampling: Sampling | None = None  # sample instead of searching (``beam`` is then ignored)
+
+    def __post_init__(self) -> None:
+        if self.beam < 1 or self.batch_size < 1 or self.max_len < 1 or self.nbest < 1:
+            raise ValueError(
+                f"beam ({self.beam}), batch_size ({self.batch_size}), max_len ({self.max_len}) and "
+                f"nbest ({self.nbest}) must all be >= 1"
+            )
+        if self.sampling is None and self.nbest > self.beam:
+            raise ValueError(f"nbest={self.nbest} needs a beam at least as wide (got beam={self.beam})")
+
+
+@dataclass
+class AttentionMap:
+    """One translated sentence with its cross-attention: target positions against source positions."""
+
+    translation: str
+    source_tokens: list[str]  # subword pieces of the source, then </s>
+    target_tokens: list[str]  # subword pieces of the output, then </s>
+    weights: torch.Tensor = field(repr=False)  # (len(target_tokens), len(source_tokens)), rows sum to 1
+
+
+class Translator:
+    """A trained model with its tokenizers, ready to translate text."""
+
+    def __init__(self, model: Seq2Seq, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer) -> None:
+        self.model = model
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def max_source_tokens(self) -> int:
+        """Subword tokens a source may have before EOS is appended."""
+        return self.model.max_positions - 1
+
+    def encode_sources(
+        self, sentences: list[str], on_truncate: Callable[[int, int], None] | None = None
+    ) -> list[list[int]]:
+        """Source ids with EOS, truncated to the model's limit (``on_truncate(index, length)``)."""
+        return encode_sources(self.src_tokenizer, sentences, self.max_source_tokens, on_truncate)
+
+    def translate(
+        self,
+        sentences: list[str],
+        settings: SearchSettings,
+        on_truncate: Callable[[int, int], None] | None = None,
+    ) -> list[str]:
+        """One translation per sentence, in order; blank sentences translate to ''."""
+        outputs = [""] * len(sentences)
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        sources = self.encode_sources(
+            [sentences[i] for i in todo],
+            on_truncate=(lambda j, n: on_truncate(todo[j], n)) if on_truncate else None,
+        )
+        hyps = self.translate_ids(sources, settings)
+        for index, text in zip(todo, self.tgt_tokenizer.decode(hyps), strict=True):
+            outputs[index] = text
+        return outputs
+
+    @torch.no_grad()
+    def translate_with_attention(
+        self,
+        sentences: list[str],
+        settings: SearchSettings,
+        *,
+        layer: int | None = None,
+        head: int | None = None,
+        on_truncate: Callable[[int, int], None] | None = None,
+    ) -> list[AttentionMap | None]:
+        """Translations with their attention maps, in order; None for blank sentences.
+
+        The output is searched as in :meth:`translate`, then re-read with teacher forcing to collect the
+        weights: ``layer`` / ``head`` as in :meth:`~app.models.seq2seq.Seq2Seq.cross_attention`.
+        """
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        sources = self.encode_sources(
+            [sentences[i] for i in todo],
+            on_truncate=(lambda j, n: on_truncate(todo[j], n)) if on_truncate else None,
+        )
+        hyps = self.translate_ids(sources, settings)
+        maps: list[AttentionMap | None] = [None] * len(sentences)
+        for index, source, hyp in zip(todo, sources, hyps, strict=True):
+            maps[index] = self.attention_map(source, hyp, layer=layer, head=head)
+        return maps
+
+    @torch.no_grad()
+    def attention_map(
+        self, source: list[int], hyp: list[int], *, layer: int | None = None, head: int | None = None
+    ) -> AttentionMap:
+        """The map of one source (ids incl. EOS) and its output ``hyp`` (ids without BOS/EOS)."""
+        was_training = self.model.training
+        self.model.eval()
+        tok = self.tgt_tokenizer
+        src = torch.tensor([source], dtype=torch.long, device=self.device)
+        tgt_in = torch.tensor([[tok.bos_id, *hyp]], dtype=torch.long, device=self.device)
+        weights = self.model.cross_attention(src, tgt_in, layer=layer, head=head)[0].float().cpu()  # (T, S)
+        self.model.train(was_training)
+        return AttentionMap(
+            translation=tok.decode([hyp])[0],
+            source_tokens=self.src_tokenizer.id_to_piece(source),
+            target_tokens=tok.id_to_piece([*hyp, tok.eos_id]),
+            weights=weights,
+        )
+
+    def translate_ids(self, sources: list[list[int]], settings: SearchSettings) -> list[list[int]]:
+        """The best output ids of every source (ids incl. EOS), in input order."""
+        return [hyps[0].tokens for hyps in self.hypotheses(sources, settings)]
+
+    @torch.inference_mode()
+    def hypotheses(self, sources: list[list[int]], settings: SearchSettings) -> list[list[Hypothesis]]:
+        """Search for every source (ids incl. EOS); batches of similar length, results in input order."""
+        was_training = self.model.training
+        self.model.eval()
+        results: list[list[Hypothesis]] = [[] for _ in sources]
+        for batch_ids in length_sorted_batches(sources, settings.batch_size):
+            src = pad_batch([sources[i] for i in batch_ids], self.src_tokenizer.pad_id).to(self.device)
+            for index, hyps in zip(batch_ids, self.search(src, settings), strict=True):
+                results[index] = hyps
+        self.model.train(was_training)
+        return results
+
+    def search(self, src: torch.Tensor, settings: SearchSettings) -> list[list[Hypothesis]]:
+        """``settings.nbest`` hypotheses, best first, for each row of ``src`` (B, S)."""
+        tok = self.tgt_tokenizer
+        limits = output_limits(
+            src,
+            self.src_tokenizer.pad_id,
+            max_len=min(settings.max_len, self.model.max_positions),
+            ratio=settings.len_ratio,
+            extra=settings.len_extra,
+        )
+        common = {
+            "bos_id": tok.bos_id,
+            "eos_id": tok.eos_id,
+            "limits": limits,
+            "banned": (tok.pad_id, tok.bos_id),
+        }
+        if settings.sampling is not None:
+            return self.sample(src, settings, common)
+        if settings.beam == 1:
+            return [[h] for h in greedy_hypotheses(self.model, src, **common)]
+        return beam_hypotheses(
+            self.model, src, beam_size=settings.beam, alpha=settings.alpha, nbest=settings.nbest, **common
+        )
+
+    def sample(self, src: torch.Tensor, settings: SearchSettings, common: dict) -> list[list[Hypothesis]]:
+        """``nbest`` samples per row (each row repeated), sorted by score: one seeded draw per batch."""
+        n = settings.nbest
+        rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
+        common = {**common, "limits": common["limits"][rows]}
+        drawn = sample_search(self.model, src[rows], settings.sampling, **common)
+        return [sorted(drawn[i * n : (i + 1) * n], key=lambda h: -h.score) for i in range(src.size(0))]
+
+
+def load_translator(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu"
+) -> tuple[Translator, dict]:
+    """A ready :class:`Translator` for checkpoint ``path`` on ``device``, and the run config stored in it."""
+    loaded = load_model(path, device)
+    return Translator(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer), loaded.config
+
+
+def encode_sources(
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    limit: int,
+    on_truncate: Callable[[int, int], None] | None = None,
+) -> list[list[int]]:
+    """Source ids with EOS, cut to ``limit`` subwords first (reported as ``on_truncate(index, length)``)."""
+    encoded = tokenizer.encode(sentences)
+    for index, ids in enumerate(encoded):
+        if len(ids) > limit:
+            if on_truncate:
+                on_truncate(index, len(ids))
+            encoded[index] = ids[:limit]
+    return [[*ids, tokenizer.eos_id] for ids in encoded]
+
+
+def length_sorted_batches(sequences: list[list[int]], batch_size: int) -> Iterator[list[int]]:
+    """Indices of ``sequences`` in batches of similar length (less padding, same results)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    for start in range(0, len(order), batch_size):
+        yield order[start : start + batch_size]
+
+
+def pad_batch(sequences: list[list[int]], pad_id: int) -> torch.Tensor:
+    """(B, max_len) long tensor, right-padded with ``pad_id``."""
+    width = max(len(s) for s in sequences)
+    batch = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        batch[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return batch

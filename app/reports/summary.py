@@ -1,0 +1,75 @@
+"""A Markdown table of runs: the model and attention each used, its test scores and costs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.attention.config import describe_attention as attention_label
+from app.reports.runs import Run
+
+COLUMNS = (
+    "run",
+    "model",
+    "attention",
+    "params",
+    "BLEU",
+    "BLEU lc",
+    "chrF",
+    "steps",
+    "train min",
+    "train tok/s",
+    "test sent/s",
+    "peak RSS MB",
+)
+
+
+def describe_attention(attention: dict[str, Any]) -> str:
+    """The kernel with head layout and options (``sdpa kv=2``, ``sparse sliding_window window=8``), or the
+    RNN decoder and score function (``luong general``), as the kernels and mechanisms describe themselves;
+    a config this version cannot parse is shown by its kernel or mechanism name."""
+    try:
+        return attention_label(attention)
+    except ValueError:
+        return str(attention.get("kernel") or attention.get("mechanism") or "?")
+
+
+def describe_model(model: dict[str, Any]) -> str:
+    name = str(model.get("family", "transformer"))
+    if "cell" in model:
+        return f"{name} {model['cell']}"
+    return name
+
+
+def summary_row(run: Run) -> list[str]:
+    """The table cells of one run; a run without results is marked with its status."""
+    cells = [
+        run.name,
+        describe_model(run.config.get("model", {})),
+        describe_attention(run.config.get("attention", {})),
+    ]
+    r = run.results
+    if r is None:
+        status = "unfinished" if run.status == "missing" else run.status
+        return [*cells, status] + [""] * (len(COLUMNS) - len(cells) - 1)
+    return [
+        *cells,
+        f"{r['parameters'] / 1e6:.2f}M",
+        f"{r['test_bleu']:.2f}",
+        f"{r['test_bleu_lc']:.2f}",
+        f"{r['test_chrf']:.1f}",
+        str(r.get("global_step", "")),
+        f"{r['fit_seconds'] / 60:.1f}" if "fit_seconds" in r else "",
+        f"{r['train_tokens_per_s']:,}" if "train_tokens_per_s" in r else "",
+        f"{r['test_decode_sentences_per_s']:.1f}" if "test_decode_sentences_per_s" in r else "",
+        f"{r['peak_rss_mb']:,}" if "peak_rss_mb" in r else "",
+    ]
+
+
+def markdown_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines)
+
+
+def summary_markdown(runs: list[Run]) -> str:
+    return markdown_table(COLUMNS, [summary_row(run) for run in runs])

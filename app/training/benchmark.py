@@ -1,0 +1,183 @@
+"""Training throughput, model FLOP utilisation and peak memory of a train.py config, on real batches.
+
+    python scripts/bench_train.py experiment=quickstart --json
+    python scripts/bench_train.py experiment=quickstart attention=sdpa --windows 5 --window-steps 30
+    python scripts/bench_train.py experiment=quickstart trainer.precision=32-true optim.fused=false
+
+Any ``train.py`` override works. The run trains for ``--warmup-steps`` untimed steps (allocator and
+oneDNN warm-up, compilation), then ``--windows`` windows of ``--window-steps`` optimizer steps each;
+the figure is the median of the windows' rates, so a burst of other work on the machine moves one
+window, not the result. Tokens are real source + target tokens (no padding), as in train/tokens_per_s
+and the peers' reports. Nothing is validated or checkpointed.
+
+MFU (model FLOP utilisation) = model FLOPs per second / measured matrix-product peak. Model FLOPs are
+counted from the model's shapes on the real lengths of every batch (``app/models/flops.py``: 3 x the
+forward pass, dense attention, padding excluded); the peak is the best of a bf16 and an fp32
+2048 x 2048 product timed on the same threads right before and after training
+(``app.hardware.matmul_peak_tflops``). ``mfu`` divides by the peak of the precision trained in
+(bf16 for bf16-mixed, else fp32); ``mfu_bf16`` always by the bf16 peak. Prints a summary, or with
+``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from app.data.batch import Batch
+from app.hardware import cpu_description, matmul_peak_tflops
+from app.models.flops import batch_lengths, supports_flop_count, transformer_training_flops
+from app.training.distributed import register_resolvers
+from app.training.task import build_run
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class StepClock(pl.Callback):
+    """Time, real / padded token counts and model FLOPs of every training step, after the optimizer step."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+        self.tokens: list[int] = []
+        self.padded: list[int] = []
+        self.flops: list[int] = []
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Batch, batch_idx: int
+    ) -> None:
+        self.ends.append(time.perf_counter())
+        self.tokens.append(batch.num_tokens)
+        self.padded.append(batch.src.numel() + batch.tgt_out.numel())
+        model = pl_module.model
+        if supports_flop_count(model):
+            lengths = batch_lengths(batch.src, batch.tgt_out, batch.pad_id)
+            self.flops.append(transformer_training_flops(model, *lengths))
+
+
+def window_rates(counts: list[int], ends: list[float], warmup: int, windows: int, size: int) -> list[float]:
+    """``counts`` (tokens, FLOPs) per second of each window of ``size`` steps after ``warmup`` steps."""
+    rates = []
+    for w in range(windows):
+        start = warmup + w * size  # the window's steps are start+1 .. start+size; timed from step start
+        total = sum(counts[start + 1 : start + size + 1])
+        rates.append(total / (ends[start + size] - ends[start]))
+    return rates
+
+
+def peak_tflops() -> dict[str, float]:
+    """bf16 and fp32 matrix-product TFLOP/s on this machine's current threads."""
+    return {
+        "bf16": matmul_peak_tflops(torch.bfloat16),
+        "fp32": matmul_peak_tflops(torch.float32),
+    }
+
+
+def utilisation(clock: StepClock, precision: str, peaks: dict[str, float], *window: int) -> dict[str, Any]:
+    """Model TFLOP/s (median window) and MFU against the peak of the training precision and bf16's."""
+    if len(clock.flops) != len(clock.ends):  # e.g. an RNN: no FLOP count, no MFU
+        return {"model_tflops": None, "mfu": None, "mfu_bf16": None}
+    model_tflops = statistics.median(window_rates(clock.flops, clock.ends, *window)) / 1e12
+    peak = peaks["bf16"] if "bf16" in precision else peaks["fp32"]
+    return {
+        "model_tflops": round(model_tflops, 4),
+        "mfu": round(model_tflops / peak, 4),
+        "mfu_bf16": round(model_tflops / peaks["bf16"], 4),
+    }
+
+
+def bench_config(overrides: list[str], steps: int, out_dir: Path) -> DictConfig:
+    """The train config with the overrides, bounded to ``steps`` steps with no validation and no files."""
+    register_resolvers()
+    fixed = [
+        f"trainer.max_steps={steps}",
+        "trainer.max_time=null",
+        "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "checkpoint.every_n_steps=null",
+        "early_stopping.patience=0",
+        "logger.kind=null",
+        f"output_dir={out_dir}",
+    ]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=[*overrides, *fixed])
+
+
+def measure(overrides: list[str], warmup: int, windows: int, size: int) -> dict[str, Any]:
+    """Train the configured model for warmup + windows x size steps; throughput and memory figures."""
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        cfg = bench_config(overrides, warmup + windows * size + 1, Path(tmp))
+        run = build_run(cfg)
+        clock = StepClock()
+        run.trainer.callbacks.append(clock)
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        before = peak_tflops()
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+        after = peak_tflops()
+    peaks = {dtype: max(before[dtype], after[dtype]) for dtype in before}
+    rates = window_rates(clock.tokens, clock.ends, warmup, windows, size)
+    precision = str(run.trainer.precision)
+    return {
+        "overrides": overrides,
+        "precision": precision,
+        "attention": OmegaConf.to_container(cfg.attention, resolve=True),
+        "fused_adamw": cfg.optim.fused,
+        "compile": cfg.compile,
+        "threads": torch.get_num_threads(),
+        "parameters": run.module.model.num_parameters(),
+        "tokens_per_s": round(statistics.median(rates)),
+        "tokens_per_s_windows": [round(r) for r in rates],
+        **utilisation(clock, precision, peaks, warmup, windows, size),
+        "peak_bf16_tflops": round(peaks["bf16"], 4),
+        "peak_fp32_tflops": round(peaks["fp32"], 4),
+        "real_token_fraction": round(sum(clock.tokens) / sum(clock.padded), 3),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_cuda_mb": round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else 0,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        **cpu_description(),
+    }
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The headline figures in one line for a person."""
+    mfu = "n/a" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"
+    return (
+        f"{result['tokens_per_s']:,} tokens/s, {result['model_tflops']} model TFLOP/s, MFU {mfu} "
+        f"(peaks bf16 {result['peak_bf16_tflops']} / fp32 {result['peak_fp32_tflops']} TFLOP/s, "
+        f"{result['threads']} threads, {result['cpu_model']}), peak RSS {result['peak_rss_mb']} MB"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. experiment=quickstart")
+    parser.add_argument("--warmup-steps", type=int, default=20, help="untimed steps first")
+    parser.add_argument("--windows", type=int, default=5, help="timed windows (the median is reported)")
+    parser.add_argument("--window-steps", type=int, default=30, help="optimizer steps per window")
+    parser.add_argument("--out", type=Path, default=None, help="also append the JSON result to this file")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
+    if min(args.windows, args.window_steps) < 1 or args.warmup_steps < 0:
+        parser.error("--windows and --window-steps must be >= 1, --warmup-steps >= 0")
+    result = measure(args.overrides, args.warmup_steps, args.windows, args.window_steps)
+    line = json.dumps(result)
+    print(line if args.json else summary(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("a") as handle:
+            handle.write(line + "\n")
+    return 0

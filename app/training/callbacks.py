@@ -1,0 +1,217 @@
+"""Lightning callbacks this project adds to every Trainer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from app.training.distributed import gather_objects
+
+log = logging.getLogger(__name__)
+
+
+class BatchSamplerEpoch(pl.Callback):
+    """Tells the training batch sampler which epoch starts, so every epoch draws a new batch order.
+
+    Lightning calls ``set_epoch`` on ``dataloader.sampler`` and ``dataloader.batch_sampler.sampler``
+    but not on a custom ``batch_sampler`` itself, so without this callback the token-bucket sampler
+    would repeat epoch 0's order for the whole run.
+    """
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        batch_sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+        if callable(getattr(batch_sampler, "set_epoch", None)):
+            batch_sampler.set_epoch(trainer.current_epoch)
+
+
+class ElapsedTime(pl.Callback):
+    """Logs ``time/elapsed_min`` (wall-clock minutes of fitting so far) with every validation.
+
+    Learning curves against time, not steps, are what equal-budget comparisons need. The count
+    survives a resume: minutes spent before the checkpoint are stored in it and added back.
+    """
+
+    def __init__(self) -> None:
+        self._minutes_before = 0.0
+        self._started: float | None = None
+
+    def elapsed_minutes(self) -> float:
+        running = 0.0 if self._started is None else (time.monotonic() - self._started) / 60
+        return self._minutes_before + running
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = time.monotonic()
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            pl_module.log("time/elapsed_min", self.elapsed_minutes(), rank_zero_only=True)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"elapsed_min": self.elapsed_minutes()}
+
+    def load_state_dict(self, state_dict: dict[str, float]) -> None:
+        self._minutes_before = state_dict["elapsed_min"]
+
+
+class SamplerPosition(pl.Callback):
+    """Tells the training batch sampler how many batches of the epoch have been trained on.
+
+    Checkpoints store that count (through :class:`app.data.datamodule.ResumableDataLoader`) so a resumed
+    run skips exactly those batches. It runs before any checkpoint callback (Lightning orders checkpoint
+    callbacks last), so a checkpoint written after a batch counts that batch.
+    """
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        batch_sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+        if callable(getattr(batch_sampler, "mark_consumed", None)):
+            batch_sampler.mark_consumed(batch_idx + 1)
+
+
+class RngState(pl.Callback):
+    """Seeds each rank's random generators apart and keeps each rank's state across a resume.
+
+    Every rank other than 0 starts from ``seed + global rank`` (torch, numpy, python), so the ranks of a
+    distributed run draw different dropout masks; rank 0 keeps the stream a single-process run has. The
+    data order is unaffected (the batch sampler has its own seed).
+    Lightning restores model, optimizer, scheduler and loop counters but not the generators, so the
+    states of all ranks are gathered into each checkpoint (a list in rank order) and every rank restores
+    its own: a resumed run draws the masks an uninterrupted one would. A checkpoint from another world
+    size, or one holding a single state (older checkpoints), restores what it has, with a warning.
+    """
+
+    KEY = "rng_states"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.global_rank > 0:
+            rank_seed = self.seed + trainer.global_rank
+            torch.manual_seed(rank_seed)  # CUDA generators too
+            np.random.seed(rank_seed)
+            random.seed(rank_seed)
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint[self.KEY] = gather_objects(rng_states())  # every rank dumps checkpoints; rank 0 writes
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        states = checkpoint.get(self.KEY)
+        if states is None:
+            return
+        if isinstance(states, dict):  # one state for all ranks
+            states = [states]
+        if len(states) != trainer.world_size:
+            log.warning(
+                "checkpoint holds random states of %d rank(s), this run has %d: the resumed dropout "
+                "masks differ from an uninterrupted run's",
+                len(states),
+                trainer.world_size,
+            )
+        set_rng_states(states[trainer.global_rank % len(states)])
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's generator states: torch, CUDA (every device), numpy, python."""
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what :func:`rng_states` returned."""
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """SHA-1 of every parameter's bytes: equal digests mean bitwise-equal weights (e.g. across ranks)."""
+    digest = hashlib.sha1()
+    for name, param in module.named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class BatchTrace(pl.Callback):
+    """Debugging aid (``debug.trace_batches=PATH``): one JSON line per training batch.
+
+    Each line holds the optimizer step, epoch, batch index, learning rate, loss, the example ids of the
+    batch, a digest of the torch generator's state (the dropout stream) and a digest of the weights after
+    the step (a pass over all weights: debugging only), so two
+    runs (an interrupted-and-resumed one and an uninterrupted one, say) can be compared batch by batch.
+    Every rank writes its own file: ``PATH`` on rank 0, ``PATH.rank<r>`` elsewhere.
+    Lines are flushed at once so that a killed run leaves every finished batch in the file.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._handle: Any = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        path = self.path if trainer.global_rank == 0 else Path(f"{self.path}.rank{trainer.global_rank}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = path.open("a", encoding="utf-8")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if isinstance(outputs, dict):  # {} or None for a skipped batch
+            outputs = outputs.get("token_loss", outputs.get("loss"))
+        loss = outputs
+        record = {
+            "step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "batch_idx": batch_idx,
+            "lr": trainer.optimizers[0].param_groups[0]["lr"],
+            "loss": None if loss is None else float(loss),
+            "ids": batch.index.tolist(),
+            "weights": weights_digest(pl_module),
+            "rng": hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest(),  # dropout stream
+        }
+        self._handle.write(json.dumps(record) + "\n")
+        self._handle.flush()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+class SameRunDirectory(pl.Callback):
+    """Fails fast when the ranks of a distributed run would write to different run directories.
+
+    Lightning's own launcher hands its run directory to the processes it starts; ranks started by
+    torchrun or srun each resolve Hydra's timestamped default themselves and may disagree by a second.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = str(Path(run_dir).resolve())
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        dirs = gather_objects(self.run_dir)
+        if len(set(dirs)) > 1:
+            raise ValueError(
+                f"the ranks resolved different run directories {dirs}: launch with an explicit "
+                f"hydra.run.dir=... (e.g. hydra.run.dir=runs/$SLURM_JOB_ID) so every rank writes to one place"
+            )

@@ -1,0 +1,249 @@
+"""The LightningModule: training with label smoothing, validation loss and BLEU, checkpoint contents.
+
+It receives a built model and knows nothing about configs beyond what it stores in checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import asdict
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from app.checkpoint import CHECKPOINT_KEY, translation_payload
+from app.data.batch import Batch
+from app.data.tokenizer import Tokenizer
+from app.inference.metrics import corpus_scores
+from app.inference.translator import SearchSettings, Translator
+from app.models.seq2seq import Seq2Seq
+from app.training.distributed import gather_objects
+from app.training.losses import label_smoothed_nll
+from app.training.optim import build_optimizer
+
+log = logging.getLogger(__name__)
+
+# Validation metrics are computed from values reduced over all ranks, so every rank logs the same number;
+# Lightning cannot know that and recommends sync_dist=True for each of them in distributed runs.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val/")
+
+
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite (and ``nonfinite_loss=stop``)."""
+
+
+class TranslationModule(pl.LightningModule):
+    """Label-smoothed training, validation loss and BLEU; every metric is exact across ranks.
+
+    The training loss of an optimizer step is the token-weighted mean over the batches of all ranks
+    and, with ``accumulate_grad_batches``, of all its micro-batches (a plain mean of per-batch means
+    would weight short batches too much). Each rank scales its summed loss by ``world_size / R``, R the
+    target tokens of all ranks in the step's first micro-batch, so DDP's gradient averaging and
+    Lightning's division by ``accumulate_grad_batches`` (N) leave sum-of-losses gradients / (N R); before
+    the step they are multiplied by ``N R / (target tokens of all the step's micro-batches)``, a no-op
+    without accumulation. R keeps gradients near their usual size while the total is not yet known.
+    Validation sums loss and tokens over ranks and gathers the hypotheses of every rank for BLEU, so
+    the logged values equal a single-process run's on the same data.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Seq2Seq,
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer,
+        config: dict[str, Any],
+        label_smoothing: float = 0.1,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-9,
+        warmup_steps: int = 4000,
+        fused: bool = False,
+        valid_search: SearchSettings | None = None,
+        nonfinite_loss: str = "stop",
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.translator = Translator(model, src_tokenizer, tgt_tokenizer)
+        self.config = config  # the resolved run config, stored in every checkpoint
+        self.label_smoothing = label_smoothing
+        self.optim_args = {
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "betas": tuple(betas),
+            "eps": eps,
+            "warmup": warmup_steps,
+            "fused": fused,
+        }
+        if nonfinite_loss not in NONFINITE_POLICIES:
+            choices = ", ".join(NONFINITE_POLICIES)
+            raise ValueError(f"nonfinite_loss={nonfinite_loss!r}; valid choices: {choices}")
+        self.nonfinite_loss = nonfinite_loss
+        self.valid_search = valid_search or SearchSettings(beam=1)
+        self.pad_id = tgt_tokenizer.pad_id
+        self._valid_hyps: dict[int, list[int]] = {}
+        self._valid_sums = torch.zeros(3, dtype=torch.float64)  # this rank's loss, nll, target tokens
+        self._tokens_seen, self._clock = 0, time.perf_counter()
+        # Target tokens (all ranks) of the micro-batches since the last optimizer step, and of its first.
+        self._step_tokens, self._step_reference = 0.0, 0.0
+        self.tokens_trained = 0  # real source + target tokens of every training batch so far, all ranks
+        self.skipped_batches = 0  # batches skipped for a non-finite loss (nonfinite_loss=skip)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.model(src, tgt_in)
+
+    def _losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        logits = self.model(batch.src, batch.tgt_in)
+        loss, nll = label_smoothed_nll(
+            logits, batch.tgt_out, epsilon=self.label_smoothing, pad_id=self.pad_id
+        )
+        return loss, nll, batch.num_target_tokens
+
+    def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` summed over all ranks (unchanged in a single process)."""
+        if self.trainer.world_size == 1:
+            return values
+        return self.trainer.strategy.reduce(values.clone(), reduce_op="sum")
+
+    def training_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor] | None:
+        loss, nll, ntok = self._losses(batch)
+        # (4,) summed over ranks: loss, nll, target tokens, source + target tokens of this step's batches
+        counts = torch.tensor([ntok, batch.num_tokens], dtype=torch.float32, device=loss.device)
+        totals = self._sum_over_ranks(torch.cat([torch.stack([loss.detach().float(), nll.float()]), counts]))
+        if not torch.isfinite(totals[:2]).all():  # the same decision on every rank: the sums are global
+            return self._nonfinite(batch, float(totals[0]))
+        self._tokens_seen += int(totals[3])  # source + target tokens of all ranks
+        self.tokens_trained += int(totals[3])
+        mean_loss = totals[0] / totals[2]
+        self.log("train/loss", mean_loss, prog_bar=True, batch_size=ntok)
+        self.log("train/nll", totals[1] / totals[2], batch_size=ntok)
+        self._step_reference = self._step_reference or float(totals[2])
+        self._step_tokens += float(totals[2])
+        # DDP averages gradients over ranks: world_size / R gives sum-of-losses gradients / R (see the class).
+        return {"loss": loss * (self.trainer.world_size / self._step_reference), "token_loss": mean_loss}
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make the accumulated gradients those of the token-weighted mean over the step's micro-batches."""
+        factor = self.trainer.accumulate_grad_batches * self._step_reference / (self._step_tokens or 1.0)
+        self._step_tokens, self._step_reference = 0.0, 0.0
+        if factor in (0.0, 1.0):  # no accumulation (or every micro-batch skipped): nothing to rescale
+            return
+        for param in self.parameters():
+            if param.grad is not None:
+                param.grad.mul_(factor)
+
+    def _nonfinite(self, batch: Batch, value: float) -> None:
+        """Stop with the step and batch size in the message, or skip the batch and count it."""
+        where = (
+            f"step {self.global_step} (epoch {self.current_epoch}), batch of {batch.src.size(0)} sentences, "
+            f"{batch.num_target_tokens} target tokens, padded sizes src {tuple(batch.src.shape)} "
+            f"tgt {tuple(batch.tgt_out.shape)}"
+        )
+        if self.nonfinite_loss == "stop":
+            raise NonFiniteLossError(
+                f"non-finite training loss ({value}) at {where}. Lower optim.lr, keep gradient clipping, use "
+                f"trainer.precision=bf16-mixed or 32-true rather than 16-mixed, or set nonfinite_loss=skip."
+            )
+        self.skipped_batches += 1
+        log.warning("skipping a batch with a non-finite loss (%s) at %s", value, where)
+        self.log("train/skipped_batches", float(self.skipped_batches))
+        return None
+
+    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+        if (batch_idx + 1) % max(self.trainer.log_every_n_steps, 1) == 0:
+            now = time.perf_counter()
+            self.log("train/tokens_per_s", self._tokens_seen / max(now - self._clock, 1e-9), prog_bar=True)
+            self._tokens_seen, self._clock = 0, now
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        loss, nll, ntok = self._losses(batch)
+        self._valid_sums += torch.tensor([float(loss), float(nll), ntok], dtype=torch.float64)
+        sources = [row[row != self.pad_id].tolist() for row in batch.src]
+        hyps = self.translator.translate_ids(sources, self.valid_search)
+        self._valid_hyps.update(zip(batch.index.tolist(), hyps, strict=True))
+
+    def on_validation_epoch_end(self) -> None:
+        """Token-weighted loss over all ranks' batches; BLEU of every rank's hypotheses, in corpus order.
+
+        BLEU is always logged (checkpointing and early stopping monitor it): with ``limit_val_batches``
+        below the whole set it scores the validated sentences against their own references.
+        """
+        sums = self._sum_over_ranks(self._valid_sums.to(self.device))
+        self._valid_sums = torch.zeros_like(self._valid_sums)  # not zero_(): sums may be the same tensor
+        if sums[2] > 0:
+            self.log("val/loss", float(sums[0] / sums[2]))
+            self.log("val/nll", float(sums[1] / sums[2]))
+        hyp_ids: dict[int, list[int]] = {}
+        for part in gather_objects(self._valid_hyps):
+            hyp_ids.update(part)
+        self._valid_hyps.clear()
+        if not hyp_ids:
+            return
+        references = self.trainer.datamodule.valid_references
+        validated = sorted(hyp_ids)
+        if len(validated) < len(references):  # limit_val_batches or a sanity check: the part decoded
+            log.info("val/bleu on the %d of %d validation sentences decoded", len(validated), len(references))
+        hyps = self.translator.tgt_tokenizer.decode([hyp_ids[i] for i in validated])
+        scores = corpus_scores(hyps, [references[i] for i in validated])
+        self.log("val/bleu", scores.bleu, prog_bar=True)
+        self.log("val/bleu_lc", scores.bleu_lc)
+        self.log("val/chrf", scores.chrf)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping, except where Lightning cannot: sharded (FSDP) norms, fused optimizers.
+
+        With FSDP each rank holds a shard of every gradient, so ``torch.nn.utils.clip_grad_norm_``
+        would clip each shard by its own norm (Lightning refuses it); the root FSDP module's own
+        ``clip_grad_norm_`` reduces the norm over all shards. Lightning's mixed-precision plugin
+        (bf16-mixed and 16-mixed) will not clip for a fused optimizer because a fused step can unscale
+        fp16 gradients itself. Without a gradient scaler (bf16) there is nothing to unscale; with one
+        (16-mixed) the gradients are unscaled explicitly first, which torch supports (the fused step then
+        skips its own unscaling). Either way clipping sees true gradients.
+        """
+        if not gradient_clip_val:
+            return
+        sharded = sharded_root(self.trainer.strategy)
+        fused = any(group.get("fused") for group in optimizer.param_groups)
+        if sharded is None and not fused:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        if fused:
+            scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+        if gradient_clip_algorithm == "value":  # elementwise: the same on shards as on whole tensors
+            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+        elif sharded is not None:
+            sharded.clip_grad_norm_(gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer, scheduler = build_optimizer(self.model, **self.optim_args)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = translation_payload(
+            self.config,
+            self.translator.src_tokenizer,
+            self.translator.tgt_tokenizer,
+            valid_search=asdict(self.valid_search),
+        )
+
+
+def sharded_root(strategy: Any) -> Any | None:
+    """The strategy's wrapped model when it clips sharded gradients itself (FSDP's ``clip_grad_norm_``)."""
+    model = getattr(strategy, "model", None)
+    return model if callable(getattr(model, "clip_grad_norm_", None)) else None

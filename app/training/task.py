@@ -1,0 +1,287 @@
+"""``train(cfg)``: corpus -> tokenizers -> model -> Lightning fit -> test scores in results.json."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
+
+from app.data.corpus import to_parallel_text
+from app.data.datamodule import TranslationDataModule
+from app.data.encoded import text_column
+from app.data.sources import load_corpora
+from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
+from app.hardware import resolve_precision
+from app.inference.evaluate import evaluate
+from app.inference.translator import SearchSettings
+from app.models import build_model
+from app.training.callbacks import (
+    BatchSamplerEpoch,
+    BatchTrace,
+    ElapsedTime,
+    RngState,
+    SameRunDirectory,
+    SamplerPosition,
+)
+from app.training.checkpoint_io import AtomicCheckpointIO
+from app.training.distributed import launched_as_rank_zero
+from app.training.loggers import build_logger, log_results_and_close
+from app.training.module import TranslationModule
+
+log = logging.getLogger(__name__)
+
+TEST_HYPOTHESES = "test.hyp"  # the run directory's test-set translations, written with results.json
+
+
+@dataclass
+class Run:
+    """Everything ``trainer.fit`` needs, built from a config (see :func:`build_run`)."""
+
+    corpora: dict[str, datasets.Dataset]
+    module: TranslationModule
+    datamodule: TranslationDataModule
+    trainer: pl.Trainer
+    run_dir: Path
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train the configured model; returns (and writes to ``results.json``) its test-set scores.
+
+    Every rank of a distributed run executes this; only global rank 0 evaluates and writes results.
+    """
+    finished = finished_results(cfg)
+    if finished is not None:
+        return finished
+    return fit_and_evaluate(build_run(cfg), cfg)
+
+
+def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
+    """With ``resume=true skip_finished=true`` (a resumed sweep), a run that already wrote results.json
+    is not trained again: its results are returned as they are. Otherwise None."""
+    results = Path(cfg.output_dir) / "results.json"
+    if cfg.get("resume") is True and cfg.get("skip_finished") and results.is_file():
+        log.info("%s exists: this run finished before, skipping it", results)
+        return json.loads(results.read_text())
+    return None
+
+
+def build_run(cfg: DictConfig) -> Run:
+    """Corpus, tokenizers, model, LightningModule, DataModule and Trainer for ``cfg``, ready to fit."""
+    run_dir = Path(cfg.output_dir)
+    if launched_as_rank_zero():
+        run_dir.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(cfg.seed, workers=True)
+    if cfg.get("num_threads"):
+        torch.set_num_threads(cfg.num_threads)
+    config = OmegaConf.to_container(cfg, resolve=True)
+
+    corpora = load_corpora(config["data"])
+    src_tok, tgt_tok = subword_tokenizers(config["data"], corpora["train"])
+    model = build_model(
+        config["model"],
+        config["attention"],
+        src_vocab_size=src_tok.vocab_size,
+        tgt_vocab_size=tgt_tok.vocab_size,
+        pad_id=tgt_tok.pad_id,
+    )
+    log.info("model: %s parameters", f"{model.num_parameters():,}")
+    if cfg.get("compile"):
+        model.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay the same
+    datamodule = TranslationDataModule(
+        corpora=corpora,
+        src_tokenizer=src_tok,
+        tgt_tokenizer=tgt_tok,
+        max_tokens=cfg.data.max_tokens,
+        max_len=cfg.data.max_len,
+        max_positions=model.max_positions,
+        cache_dir=Path(cfg.data.cache_dir) / "tokens",
+        eval_max_tokens=cfg.data.get("eval_max_tokens"),
+        max_ratio=cfg.data.get("max_ratio"),
+        seed=cfg.seed,
+        num_proc=cfg.data.get("num_proc", 1),
+        num_workers=cfg.data.get("num_workers", 0),
+    )
+    module = TranslationModule(
+        model=model,
+        src_tokenizer=src_tok,
+        tgt_tokenizer=tgt_tok,
+        config=config,
+        valid_search=SearchSettings(**config["valid_search"]),
+        nonfinite_loss=cfg.get("nonfinite_loss", "stop"),
+        **config["optim"],
+    )
+    return Run(corpora, module, datamodule, build_trainer(cfg, run_dir), run_dir)
+
+
+def fit_and_evaluate(run: Run, cfg: DictConfig) -> dict[str, Any]:
+    """Fit (resuming when asked), then on rank 0 score the best checkpoint on the test set."""
+    trainer, module = run.trainer, run.module
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=run.datamodule, ckpt_path=resume_path(cfg, run.run_dir))
+    fit_seconds = time.perf_counter() - started
+    if not trainer.is_global_zero:
+        return {}
+    test = to_parallel_text(run.corpora["test"])
+    evaluation = evaluate(
+        final_checkpoint(trainer),
+        test.src,
+        test.tgt,
+        SearchSettings(**OmegaConf.to_container(cfg.test_search, resolve=True)),
+        device=trainer.strategy.root_device,  # a GPU run decodes (and times its decoding) on its GPU
+        test_set=cfg.data.get("test_name", "test"),
+    )
+    results = {**evaluation.results(prefix="test_"), **run_statistics(trainer, module, fit_seconds)}
+    # the test translations, one per line: reports compare variants sentence by sentence without re-decoding
+    lines = (h.replace("\n", " ") + "\n" for h in evaluation.hypotheses)
+    (run.run_dir / TEST_HYPOTHESES).write_text("".join(lines), encoding="utf-8")
+    (run.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    log_results_and_close(trainer.logger, results)
+    log.info("test scores: %s", json.dumps(results))
+    return results
+
+
+def final_checkpoint(trainer: pl.Trainer) -> str:
+    """The checkpoint to evaluate: the best by validation BLEU, else the most recent one written."""
+    best = trainer.checkpoint_callback  # the first ModelCheckpoint: validation BLEU (checkpoint_callbacks)
+    if isinstance(best, ModelCheckpoint) and best.best_model_path:
+        return best.best_model_path
+    last = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    if not last.is_file():
+        raise RuntimeError(f"no checkpoint at {last}: no validation ran, checkpoint.every_n_steps unset")
+    return str(last)
+
+
+def subword_tokenizers(data_cfg: dict[str, Any], train: datasets.Dataset) -> tuple[Tokenizer, Tokenizer]:
+    """The sentencepiece models for this corpus and settings: trained once, then loaded from the cache."""
+    return train_or_load(
+        src_texts=text_column(train, "src"),
+        tgt_texts=text_column(train, "tgt"),
+        config=SubwordConfig(**data_cfg["subword"]),
+        cache_dir=Path(data_cfg["cache_dir"]) / "spm",
+        corpus_key=f"{data_cfg['src_lang']}-{data_cfg['tgt_lang']}",
+    )
+
+
+def run_statistics(trainer: pl.Trainer, module: TranslationModule, fit_seconds: float) -> dict[str, Any]:
+    """Size, length and cost of the run, for results.json."""
+    return {
+        "parameters": module.model.num_parameters(),
+        "global_step": trainer.global_step,
+        "epochs_completed": trainer.current_epoch,
+        "fit_seconds": round(fit_seconds, 1),
+        # throughput of the whole fit, validation included; the training-step rate is train/tokens_per_s
+        "train_tokens_per_s": round(module.tokens_trained / fit_seconds),
+        "skipped_batches": module.skipped_batches,
+        "world_size": trainer.world_size,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
+    """A Lightning Trainer from ``cfg.trainer`` plus this project's callbacks, logger and checkpoint I/O."""
+    options = OmegaConf.to_container(cfg.trainer, resolve=True)
+    check_trainer_options(options)
+    options["precision"] = resolve_precision(
+        options.get("precision", "32-true"), str(options.get("accelerator"))
+    )
+    callbacks = [*checkpoint_callbacks(cfg, run_dir), *training_callbacks(cfg, run_dir)]
+    if options.get("enable_progress_bar", True):
+        callbacks.append(RichProgressBar())
+    return pl.Trainer(
+        **options,
+        default_root_dir=run_dir,
+        logger=build_logger(cfg.logger, run_dir),
+        callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,  # the token-bucket sampler shards by rank itself
+    )
+
+
+def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
+    """``best.ckpt`` (validation BLEU) and ``last.ckpt``; with ``checkpoint.every_n_steps`` also
+    ``last.ckpt`` every N optimizer steps plus the latest ``checkpoint.keep_last`` ``step-N.ckpt`` files
+    (for :func:`app.checkpoint.average_checkpoints`). Only rank 0 writes, atomically."""
+    directory = run_dir / "checkpoints"
+    # No version counter: both callbacks write the one last.ckpt, and best.ckpt is replaced in place.
+    best = ModelCheckpoint(
+        dirpath=directory,
+        filename="best",
+        monitor="val/bleu",
+        mode="max",
+        save_last=True,
+        save_top_k=1,
+        enable_version_counter=False,
+    )
+    every = cfg.checkpoint.get("every_n_steps")
+    if not every:
+        return [best]
+    steps = ModelCheckpoint(
+        dirpath=directory,
+        filename="step-{step:07d}",
+        auto_insert_metric_name=False,
+        monitor="step",  # the newest checkpoints are the "best": keep_last of them stay on disk
+        mode="max",
+        save_top_k=cfg.checkpoint.get("keep_last", 0),
+        every_n_train_steps=every,
+        save_last=True,
+        enable_version_counter=False,
+    )
+    return [best, steps]
+
+
+def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
+    """Learning-rate and elapsed-time logging, batch order and resume state, early stopping, batch tracing."""
+    callbacks: list[pl.Callback] = [
+        BatchSamplerEpoch(),
+        SamplerPosition(),
+        RngState(cfg.seed),
+        SameRunDirectory(run_dir),
+        ElapsedTime(),
+    ]
+    if cfg.logger and cfg.logger.get("kind"):  # Lightning refuses a learning-rate monitor without a logger
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    if cfg.early_stopping.patience:
+        callbacks.append(
+            EarlyStopping(
+                monitor="val/bleu",
+                mode="max",
+                patience=cfg.early_stopping.patience,
+                check_on_train_epoch_end=False,
+            )
+        )
+    trace = cfg.get("debug", {}).get("trace_batches")
+    if trace:
+        callbacks.append(BatchTrace(trace))
+    return callbacks
+
+
+def check_trainer_options(options: dict[str, Any]) -> None:
+    valid = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    bad = sorted(set(options) - valid)
+    if bad:
+        raise ValueError(f"unknown trainer option(s) {bad}; valid options: {', '.join(sorted(valid))}")
+
+
+def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
+    """``resume=true`` continues from the run's last checkpoint; a path resumes from that file."""
+    resume = cfg.get("resume")
+    if not resume:
+        return None
+    if resume is True:
+        last = run_dir / "checkpoints" / "last.ckpt"
+        if not last.is_file():
+            log.warning("resume=true but %s does not exist: starting from scratch", last)
+            return None
+        return str(last)
+    return str(resume)

@@ -1,0 +1,60 @@
+"""Serve a model over HTTP: POST /translate, GET /health (see docs/serving.md).
+
+python scripts/serve.py runs/x/checkpoints/best.ckpt --port 8080
+python scripts/serve.py exports/x_ct2 --threads 4 --max-batch-tokens 8192
+curl -s localhost:8080/translate -d '{"sentences": ["Ein Hund läuft."], "beam": 5}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.checkpoint import CheckpointError
+from app.inference.engines import ENGINES, open_engine
+from app.serving import ServerLimits, create_app
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = ServerLimits()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a .ckpt checkpoint or a directory from scripts/export.py")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument("--engine", choices=ENGINES, help="default: ct2 for an exported directory")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: the engine's choice)")
+    parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes)
+    parser.add_argument("--max-sentences", type=int, default=defaults.max_sentences, help="per request")
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=defaults.max_batch_tokens, help="merged per engine call"
+    )
+    parser.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms, help="wait for company")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sentences per search")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    args = parse_args(argv)
+    try:
+        limits = ServerLimits(
+            max_request_bytes=args.max_request_bytes,
+            max_sentences=args.max_sentences,
+            max_batch_tokens=args.max_batch_tokens,
+            max_wait_ms=args.max_wait_ms,
+            batch_size=args.batch_size,
+        )
+        engine = open_engine(args.model, engine=args.engine, threads=args.threads)
+    except (CheckpointError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    uvicorn.run(create_app(engine, limits), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

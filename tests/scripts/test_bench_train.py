@@ -1,0 +1,53 @@
+"""The training benchmark (scripts/bench_train.py) on a tiny config: it trains, times windows, counts
+model FLOPs against a measured peak and reports memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.training import tiny_overrides, write_corpus_slice
+
+from app.training import benchmark as bench
+
+
+def test_bench_train_reports_median_throughput_and_memory(
+    multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_corpus_slice(
+        multi30k_dir, tmp_path / "m30k", {"train": 300, "val": 20, "test_2016_flickr": 10}
+    )
+    overrides = [
+        o
+        for o in tiny_overrides(corpus, tmp_path / "unused", tmp_path / "cache", "optim.fused=false")
+        if not o.startswith(("hydra.", "output_dir="))
+    ]
+    out = tmp_path / "bench.jsonl"
+    args = ["--warmup-steps", "2", "--windows", "3", "--window-steps", "2", "--out", str(out), "--json"]
+    assert bench.main([*overrides[:-1], *args, overrides[-1]]) == 0  # overrides around the options
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == json.loads(out.read_text())
+    assert len(printed["tokens_per_s_windows"]) == 3
+    assert sorted(printed["tokens_per_s_windows"])[1] == printed["tokens_per_s"] > 0
+    assert 0 < printed["model_tflops"] < printed["peak_fp32_tflops"] * 1.5
+    assert printed["mfu"] == pytest.approx(printed["model_tflops"] / printed["peak_fp32_tflops"], abs=1e-3)
+    assert printed["cpu_model"] and printed["peak_bf16_tflops"] > 0
+    assert 0.3 < printed["real_token_fraction"] <= 1.0
+    assert printed["peak_rss_mb"] > 0
+    assert (printed["precision"], printed["fused_adamw"]) == ("32-true", False)
+
+
+def test_the_summary_names_the_headline_figures() -> None:
+    result = {
+        "tokens_per_s": 1234,
+        "model_tflops": 0.05,
+        "mfu": 0.1,
+        "peak_bf16_tflops": 1.0,
+        "peak_fp32_tflops": 0.5,
+        "threads": 2,
+        "cpu_model": "Some CPU",
+        "peak_rss_mb": 900,
+    }
+    line = bench.summary(result)
+    assert "1,234 tokens/s" in line and "MFU 10.0%" in line and "Some CPU" in line

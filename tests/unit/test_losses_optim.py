@@ -1,0 +1,147 @@
+"""Tests for app.training.losses (label-smoothed NLL) and app.training.optim (groups, lr schedule)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from app.models import Transformer
+from app.training.losses import label_smoothed_nll
+from app.training.optim import build_optimizer, inverse_sqrt_factor
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+PAD = 0
+
+
+def random_logits_and_targets(dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 7, generator=gen, dtype=dtype) * 3
+    target = torch.randint(1, 7, (3, 5), generator=gen)
+    target[1, 3:] = PAD
+    target[2, 1:] = PAD
+    return logits, target
+
+
+def hand_written_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """sum over real targets of (1 - eps) * (-log p[y]) + eps * mean_v(-log p[v]), and the plain NLL sum."""
+    log_probs = torch.log_softmax(logits.double(), dim=-1)
+    loss, nll = log_probs.new_zeros(()), log_probs.new_zeros(())
+    for b in range(target.size(0)):
+        for t in range(target.size(1)):
+            y = int(target[b, t])
+            if y == PAD:
+                continue
+            token_nll = -log_probs[b, t, y]
+            loss = loss + (1 - epsilon) * token_nll + epsilon * (-log_probs[b, t]).mean()
+            nll = nll + token_nll
+    return loss, nll
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_label_smoothed_nll_matches_the_formula(epsilon: float) -> None:
+    logits, target = random_logits_and_targets()
+    loss, nll = label_smoothed_nll(logits, target, epsilon=epsilon, pad_id=PAD)
+    expected_loss, expected_nll = hand_written_loss(logits, target, epsilon)
+    assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_label_smoothed_nll_gradient_matches_the_formula(epsilon: float) -> None:
+    logits, target = random_logits_and_targets()
+    ours = logits.clone().requires_grad_()
+    reference = logits.clone().requires_grad_()
+    loss, _ = label_smoothed_nll(ours, target, epsilon=epsilon, pad_id=PAD)
+    (2.5 * loss).backward()  # a non-unit upstream gradient must scale the result
+    expected, _ = hand_written_loss(reference, target, epsilon)
+    (2.5 * expected).backward()
+    torch.testing.assert_close(ours.grad.double(), reference.grad, rtol=1e-4, atol=1e-6)
+    assert torch.all(ours.grad[target == PAD] == 0)  # padding contributes nothing
+
+
+def test_zero_smoothing_is_plain_nll() -> None:
+    logits, target = random_logits_and_targets()
+    loss, nll = label_smoothed_nll(logits, target, epsilon=0.0, pad_id=PAD)
+    plain = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, 7), target.reshape(-1), ignore_index=PAD, reduction="sum"
+    )
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(plain.item(), rel=1e-6)
+
+
+def test_padding_is_ignored_whatever_the_logits() -> None:
+    logits, target = random_logits_and_targets()
+    changed = logits.clone()
+    changed[target == PAD] = torch.randn_like(changed[target == PAD]) * 10
+    for epsilon in (0.0, 0.1):
+        before = label_smoothed_nll(logits, target, epsilon=epsilon, pad_id=PAD)
+        after = label_smoothed_nll(changed, target, epsilon=epsilon, pad_id=PAD)
+        assert [t.item() for t in after] == pytest.approx([t.item() for t in before], rel=1e-6)
+
+
+def test_low_precision_logits_give_a_float32_loss_and_matching_gradients() -> None:
+    logits, target = random_logits_and_targets(torch.float32)
+    half = logits.to(torch.bfloat16).requires_grad_()
+    full = half.detach().float().requires_grad_()
+    loss_half, _ = label_smoothed_nll(half, target, epsilon=0.1, pad_id=PAD)
+    loss_full, _ = label_smoothed_nll(full, target, epsilon=0.1, pad_id=PAD)
+    assert loss_half.dtype == torch.float32
+    assert loss_half.item() == pytest.approx(loss_full.item(), rel=1e-5)
+    loss_half.backward()
+    loss_full.backward()
+    assert half.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(half.grad.float(), full.grad, rtol=1e-2, atol=1e-2)
+
+
+def test_inverse_sqrt_factor_warmup_then_decay() -> None:
+    warmup = 4
+    assert [inverse_sqrt_factor(s, warmup) for s in range(5)] == pytest.approx([0.25, 0.25, 0.5, 0.75, 1.0])
+    assert inverse_sqrt_factor(16, warmup) == pytest.approx(0.5)
+    assert inverse_sqrt_factor(400, warmup) == pytest.approx(0.1)
+    assert inverse_sqrt_factor(1, 1) == 1.0
+
+
+def test_scheduler_follows_the_factor(make_transformer: Callable[..., Transformer]) -> None:
+    model = make_transformer()
+    optimizer, scheduler = build_optimizer(
+        model, lr=2e-3, weight_decay=0.0, betas=(0.9, 0.98), eps=1e-9, warmup=4
+    )
+    seen = []
+    for _ in range(8):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([2e-3 * inverse_sqrt_factor(s, 4) for s in range(8)])
+    assert optimizer.param_groups[0]["lr"] == optimizer.param_groups[1]["lr"]
+
+
+def test_optimizer_groups_exclude_biases_and_norms_from_decay(
+    make_transformer: Callable[..., Transformer],
+) -> None:
+    model = make_transformer(tie_embeddings=True, share_src_tgt_embeddings=True)
+    model.encoder[0].ffn[0].bias.requires_grad_(False)  # frozen parameters are left out
+    optimizer, _ = build_optimizer(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.98), eps=1e-9, warmup=10)
+    decay, no_decay = optimizer.param_groups
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    decay_ids = {id(p) for p in decay["params"]}
+    no_decay_ids = {id(p) for p in no_decay["params"]}
+    assert len(decay_ids) == len(decay["params"]) and len(no_decay_ids) == len(no_decay["params"])
+
+    names = dict(model.named_parameters(remove_duplicate=False))
+    for name, param in names.items():
+        if not param.requires_grad:
+            assert id(param) not in decay_ids | no_decay_ids, name
+        elif name.endswith(".bias") or "norm" in name:
+            assert id(param) in no_decay_ids, name
+        else:
+            assert id(param) in decay_ids, name
+    # The three tied matrices (source, target embeddings, output projection) are one parameter.
+    tied = {"src_embed.weight", "tgt_embed.weight", "output.weight"}
+    assert len({id(names[n]) for n in tied}) == 1
+    unique = {id(p) for p in model.parameters() if p.requires_grad}
+    assert decay_ids | no_decay_ids == unique
+    assert len(decay["params"]) + len(no_decay["params"]) == len(unique)
