@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import wandb
 from helpers.training import END_TO_END_SLICE, REPO_ROOT, logged_column, run_translate
 from helpers.wandb_records import logged_history
 from hydra import compose, initialize_config_dir
@@ -114,6 +115,9 @@ def test_wandb_offline_run_records_metrics(
             corpus_slice, run_dir, "logger=wandb", "trainer.max_steps=10", "trainer.val_check_interval=10"
         )
     )
+    # run.finish() returns before wandb's service has necessarily flushed the record file (seen under
+    # load in CI); teardown waits for the service to write everything, as the atexit hook does.
+    wandb.teardown()
     run_files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 1, os.listdir(run_dir)
     history = logged_history(run_files[0])
