@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # A local copy of the Multi30k release; without it, prepare_data.py downloads the official files.
 MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
-RUN_DIR ?= docs/results/quickstart
+# Where `make demo` trains: git-ignored (docs/results/quickstart is the committed record of one such run).
+RUN_DIR ?= runs/quickstart
 
 .PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode clean
 

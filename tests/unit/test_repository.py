@@ -6,6 +6,7 @@ of a run (config, metrics, results, a short log) is copied to ``docs/results/<ru
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -37,3 +38,13 @@ def test_no_tracked_file_exceeds_2_mb() -> None:
         if p.is_file() and not p.is_symlink() and p.stat().st_size > MAX_BYTES
     }
     assert not large, f"files over {MAX_BYTES} bytes are tracked: {large}"
+
+
+def test_make_demo_writes_only_to_an_ignored_directory() -> None:
+    """``make demo`` must not rewrite tracked files: its run directory is git-ignored."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    run_dir = re.search(r"^RUN_DIR \?= (\S+)$", makefile, re.MULTILINE)
+    assert run_dir, "the Makefile sets no default RUN_DIR"
+    probe = f"{run_dir.group(1)}/results.json"
+    ignored = subprocess.run(["git", "check-ignore", "-q", probe], cwd=REPO_ROOT, check=False)
+    assert ignored.returncode == 0, f"make demo writes {probe}, which git does not ignore"
