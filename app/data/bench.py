@@ -9,7 +9,9 @@ each in a fresh process so that each peak RSS is that phase's own:
 * ``train``: the same config with the cache now warm -> ``startup_s`` (config to the first training
   batch in hand: corpus mapping, content hashes, tokenizer and token-cache loading, filtering, batching),
   then ``--steps`` optimizer steps (``tokens_per_s``: real source + target tokens per second over the
-  steps after the first ``--steps // 4``; ``peak_rss_mb`` of the training process, rank 0 under DDP).
+  steps after the first ``--steps // 4``; ``peak_rss_mb`` of the training process, rank 0 under DDP,
+  and ``peak_anon_rss_mb``, the same without file-backed pages: RSS counts the pages of the
+  memory-mapped token cache that the process has touched, which belong to the shared page cache).
 """
 
 from __future__ import annotations
@@ -42,12 +44,27 @@ def peak_rss_mb() -> int:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
+def anon_rss_mb() -> int | None:
+    """This process's anonymous resident memory now, in MiB: RSS without the file-backed pages of
+    memory-mapped Arrow files, which the page cache shares between processes and can evict. None
+    where ``/proc/self/status`` has no ``RssAnon`` (not Linux)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("RssAnon:"):
+            return round(int(line.split()[1]) / 1024)
+    return None
+
+
 def bench_config(
-    corpus_dir: Path, cache_dir: Path, out_dir: Path, steps: int, overrides: list[str]
+    corpus_dir: Path, cache_dir: Path, out_dir: Path, steps: int, overrides: list[str], base: Path
 ) -> DictConfig:
-    """``train.py``'s config on the synthetic corpus, ``steps`` steps, no validation, no files written."""
+    """``train.py``'s config on the synthetic corpus, ``steps`` steps, no validation, no files written;
+    valid and test come from the ``base`` Multi30k directory."""
     register_resolvers()
-    base = DEFAULT_BASE.resolve()
+    base = base.resolve()
     files = [
         "data=custom",
         f"data.files.train.src={corpus_dir / 'train.src'}",
@@ -75,12 +92,14 @@ def bench_config(
 
 
 class StepClock(pl.Callback):
-    """When the first batch arrived, and the end time and real token count of every training step."""
+    """When the first batch arrived, the end time and real token count of every training step, and the
+    largest anonymous RSS seen at a step's end."""
 
     def __init__(self) -> None:
         self.first_batch: float | None = None
         self.ends: list[float] = []
         self.tokens: list[int] = []
+        self.peak_anon_mb: int | None = None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Batch, idx: int
@@ -93,6 +112,9 @@ class StepClock(pl.Callback):
     ) -> None:
         self.ends.append(time.perf_counter())
         self.tokens.append(batch.num_tokens)
+        anon = anon_rss_mb()
+        if anon is not None:
+            self.peak_anon_mb = max(anon, self.peak_anon_mb or 0)
 
     def tokens_per_s(self, warmup: int) -> float:
         """Tokens per second of the steps after the first ``warmup`` ones."""
@@ -128,6 +150,7 @@ def train_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
         "startup_s": round(clock.first_batch - started, 2),
         "tokens_per_s": round(clock.tokens_per_s(warmup=steps // 4)),
         "peak_rss_mb": peak_rss_mb(),
+        "peak_anon_rss_mb": clock.peak_anon_mb,
         "steps": len(clock.ends),
         "world_size": run.trainer.world_size,
         "num_workers": run.datamodule.num_workers,
@@ -149,6 +172,8 @@ def run_phase(phase: str, args: argparse.Namespace, overrides: list[str]) -> dic
         str(args.steps),
         "--work-dir",
         str(args.work_dir),
+        "--base",
+        str(args.base),
         *overrides,
     ]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
@@ -167,6 +192,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--work-dir", type=Path, default=REPO_ROOT / "data" / "bench", help="corpora and caches"
     )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=DEFAULT_BASE,
+        help="Multi30k directory (train/val/test_2016_flickr .de.gz/.en.gz)",
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--phase", choices=("prepare", "train"), help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
@@ -177,13 +208,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = args.work_dir.resolve()
     corpus_dir, cache_dir = work / f"synthetic-{args.pairs}", work / f"cache-{args.pairs}"
     if args.phase:  # inside a phase process
-        cfg = bench_config(corpus_dir, cache_dir, work / "run", args.steps, overrides)
+        cfg = bench_config(corpus_dir, cache_dir, work / "run", args.steps, overrides, args.base)
         result = prepare_phase(cfg) if args.phase == "prepare" else train_phase(cfg, args.steps)
         if result:
             print(json.dumps(result))
         return result
     started = time.perf_counter()
-    base = DEFAULT_BASE.resolve()
+    base = args.base.resolve()
     write_synthetic_corpus(base / "train.de.gz", base / "train.en.gz", corpus_dir, args.pairs, seed=args.seed)
     synth_s = time.perf_counter() - started
     shutil.rmtree(cache_dir, ignore_errors=True)  # the first preparation starts from nothing

@@ -7,8 +7,8 @@ content and both tokenizer models, so a cache built from another corpus or token
 and an unchanged one loads in the time it takes to memory-map its files.
 
 :class:`EncodedPairs` serves training examples from that table: single examples through ``__getitem__``
-and whole batches through ``__getitems__`` (one Arrow ``take`` per side), never holding the corpus as
-Python objects. Every DataLoader worker and every DDP rank maps the same files, so the operating
+and whole batches through ``__getitems__`` (slices of the memory-mapped id columns), never holding
+the corpus as Python objects. Every DataLoader worker and every DDP rank maps the same files, so the operating
 system keeps one copy of the pages however many processes read them.
 """
 
@@ -165,13 +165,26 @@ def _load(directory: Path) -> datasets.Dataset:
     return encoded
 
 
-def _split_lists(lists: pa.ChunkedArray | pa.ListArray) -> list[np.ndarray]:
-    """A list<int32> Arrow array as one numpy array per row (views into one flat buffer)."""
-    if isinstance(lists, pa.ChunkedArray):
-        lists = lists.combine_chunks()
-    offsets = lists.offsets.to_numpy()
-    values = lists.flatten().to_numpy()
-    return np.split(values, offsets[1:-1] - offsets[0])
+class _ChunkedIds:
+    """Row lookup in a chunked ``list<int32>`` column: a row's ids are a numpy slice of its chunk's
+    memory-mapped values, found through the chunks' start rows. Arrow's ``ChunkedArray.take`` costs
+    time linear in the number of chunks (datasets writes one per 1,000 rows: 25 ms per 80-row batch at
+    3M rows, against 1.8 ms at 300k); this lookup costs the same at any corpus size."""
+
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        self.starts = np.cumsum([0, *(len(chunk) for chunk in column.chunks)])  # (chunks + 1,)
+        self.offsets = [chunk.offsets.to_numpy() for chunk in column.chunks]  # per chunk (rows + 1,)
+        self.values = [chunk.values.to_numpy() for chunk in column.chunks]  # zero-copy views
+
+    def rows(self, rows: np.ndarray) -> list[np.ndarray]:
+        """The ids of each row in ``rows`` (table positions), as read-only views."""
+        chunks = np.searchsorted(self.starts, rows, side="right") - 1
+        local = rows - self.starts[chunks]
+        out = []
+        for chunk, row in zip(chunks.tolist(), local.tolist(), strict=True):
+            offsets = self.offsets[chunk]
+            out.append(self.values[chunk][offsets[row] : offsets[row + 1]])
+        return out
 
 
 class EncodedPairs(Dataset):
@@ -190,7 +203,7 @@ class EncodedPairs(Dataset):
         self.table = table
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         self.truncate = truncate
-        self._columns: tuple[pa.ChunkedArray, pa.ChunkedArray] | None = None
+        self._columns: tuple[_ChunkedIds, _ChunkedIds] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_columns": None}  # Arrow columns are re-mapped, not pickled, in workers
@@ -198,10 +211,10 @@ class EncodedPairs(Dataset):
     def __len__(self) -> int:
         return self.table.num_rows if self.rows is None else int(self.rows.size)
 
-    def _id_columns(self) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    def _id_columns(self) -> tuple[_ChunkedIds, _ChunkedIds]:
         if self._columns is None:
             data = self.table.data
-            self._columns = (data.column("src_ids"), data.column("tgt_ids"))
+            self._columns = (_ChunkedIds(data.column("src_ids")), _ChunkedIds(data.column("tgt_ids")))
         return self._columns
 
     def __getitem__(self, index: int) -> tuple[int, np.ndarray, np.ndarray]:
@@ -209,16 +222,17 @@ class EncodedPairs(Dataset):
         return example
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """A whole batch in one Arrow ``take`` per side (DataLoader calls this with the sampler's batch)."""
+        """A whole batch at once (DataLoader calls this with the sampler's batch): ids are views of the
+        memory-mapped table, copied only when the batch is padded."""
         positions = np.asarray(indices, dtype=np.int64)
         if positions.size and (positions.min() < -len(self) or positions.max() >= len(self)):
             raise IndexError(
                 f"indices out of range for {len(self)} examples: {positions.min()}..{positions.max()}"
             )
         positions = positions % max(len(self), 1)
-        rows = pa.array(positions if self.rows is None else self.rows[positions])
+        rows = positions if self.rows is None else self.rows[positions]
         src_column, tgt_column = self._id_columns()
-        src, tgt = _split_lists(src_column.take(rows)), _split_lists(tgt_column.take(rows))
+        src, tgt = src_column.rows(rows), tgt_column.rows(rows)
         if self.truncate is not None:
             src, tgt = [s[: self.truncate] for s in src], [t[: self.truncate] for t in tgt]
         return list(zip(positions.tolist(), src, tgt, strict=True))

@@ -104,6 +104,30 @@ def test_filter_and_truncation_on_length_columns(
         keep_mask(src_len, tgt_len, max_len=10, max_ratio=0.5)
 
 
+def test_batches_from_a_table_of_many_chunks_match_row_by_row(tmp_path: Path) -> None:
+    """A large cache is a table of many chunks (one per 1,000 rows); rows are found across them."""
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, 50, size=rng.integers(0, 7)).tolist() for _ in range(40)]
+    parts = [
+        datasets.Dataset.from_dict(
+            {"src_ids": rows[i : i + 6], "tgt_ids": [r[::-1] for r in rows[i : i + 6]]},
+            features=datasets.Features(
+                {name: datasets.List(datasets.Value("int32")) for name in ("src_ids", "tgt_ids")}
+            ),
+        )
+        for i in range(0, 40, 6)
+    ]
+    table = datasets.concatenate_datasets(parts).select(range(3, 40))  # a sliced chunk at the start
+    assert table.data.column("src_ids").num_chunks > 5
+    pairs = EncodedPairs(table)
+    picks = [36, 0, 5, 6, 17, 17, 29, -1]
+    for position, src, tgt in pairs.__getitems__(picks):
+        expected = rows[3 + position]
+        assert (src.tolist(), tgt.tolist()) == (expected, expected[::-1])
+    kept = EncodedPairs(table, rows=np.array([30, 2, 11]))
+    assert [s.tolist() for _, s, _ in kept.__getitems__([2, 0, 1])] == [rows[14], rows[33], rows[5]]
+
+
 def test_collator_pads_numpy_examples_like_lists() -> None:
     collate = Collator(pad_id=0, bos_id=2, eos_id=3)
     as_lists = collate([(0, [5, 6], [7]), (1, [8], [9, 10, 11])])
