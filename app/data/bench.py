@@ -11,7 +11,10 @@ each in a fresh process so that each peak RSS is that phase's own:
   then ``--steps`` optimizer steps (``tokens_per_s``: real source + target tokens per second over the
   steps after the first ``--steps // 4``; ``peak_rss_mb`` of the training process, rank 0 under DDP,
   and ``peak_anon_rss_mb``, the same without file-backed pages: RSS counts the pages of the
-  memory-mapped token cache that the process has touched, which belong to the shared page cache).
+  memory-mapped token cache that the process has touched, which belong to the shared page cache);
+* ``loader``: the data pipeline alone from the warm cache, no model: median milliseconds per training
+  batch, sentences per batch and the fraction of real (non-pad) tokens, which set the model's cost per
+  token (``tokens_per_s`` compares corpora only where these agree).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import json
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -136,6 +140,28 @@ def prepare_phase(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def loader_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
+    """The data pipeline alone, from the warm cache: ``steps`` training batches with no model (median
+    time per batch) and the batches' shape, which sets the model's cost per real token."""
+    run = build_run(cfg)
+    run.datamodule.setup("fit")
+    batches = iter(run.datamodule.train_dataloader())
+    next(batches)  # the epoch's order is packed here
+    times, tokens, sentences, slots = [], 0, 0, 0
+    for _ in range(steps):
+        started = time.perf_counter()
+        batch = next(batches)
+        times.append(time.perf_counter() - started)
+        tokens += batch.num_tokens
+        sentences += batch.src.size(0)
+        slots += batch.src.numel() + batch.tgt_out.numel()
+    return {
+        "loader_ms_per_batch": round(1e3 * statistics.median(times), 3),
+        "sentences_per_batch": round(sentences / steps, 1),
+        "real_token_fraction": round(tokens / slots, 3),
+    }
+
+
 def train_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
     """Start from the warm cache and train ``steps`` steps; start-up time, throughput and memory."""
     started = time.perf_counter()
@@ -156,6 +182,13 @@ def train_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
         "num_workers": run.datamodule.num_workers,
         "num_proc": run.datamodule.num_proc,
     }
+
+
+PHASES = {
+    "prepare": lambda cfg, steps: prepare_phase(cfg),
+    "train": train_phase,
+    "loader": loader_phase,
+}
 
 
 def run_phase(phase: str, args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
@@ -199,7 +232,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="Multi30k directory (train/val/test_2016_flickr .de.gz/.en.gz)",
     )
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
-    parser.add_argument("--phase", choices=("prepare", "train"), help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=tuple(PHASES), help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
 
 
@@ -209,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     corpus_dir, cache_dir = work / f"synthetic-{args.pairs}", work / f"cache-{args.pairs}"
     if args.phase:  # inside a phase process
         cfg = bench_config(corpus_dir, cache_dir, work / "run", args.steps, overrides, args.base)
-        result = prepare_phase(cfg) if args.phase == "prepare" else train_phase(cfg, args.steps)
+        result = PHASES[args.phase](cfg, args.steps)
         if result:
             print(json.dumps(result))
         return result
@@ -224,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "synthesis_s": round(synth_s, 1),
         **run_phase("prepare", args, overrides),
         **run_phase("train", args, overrides),
+        **run_phase("loader", args, overrides),
     }
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return result

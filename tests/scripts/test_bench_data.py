@@ -37,6 +37,8 @@ def test_bench_data_prepares_then_trains_from_the_cache(
     assert result["prep_s"] > 0 and result["startup_s"] > 0
     assert 0 < result["peak_anon_rss_mb"] <= result["peak_rss_mb"]
     assert (result["world_size"], result["num_proc"], result["num_workers"]) == (1, 1, 0)
+    assert result["loader_ms_per_batch"] > 0 and result["sentences_per_batch"] >= 1
+    assert 0.3 < result["real_token_fraction"] <= 1.0
     # the corpus grew beyond the 3000 fixture pairs, and the prepared cache is on disk
     source_lines = (tmp_path / "synthetic-4500" / "train.src").read_text().splitlines()
     assert len(source_lines) == 4500
