@@ -315,11 +315,18 @@ def measure_decode_speed(
     }
 
 
+def cache_key(runs: dict[str, Path], cache_dir: Path) -> str:
+    """A measurement cache's key: each variant's run directory, relative to the cache's directory where
+    it lies inside it, so a sweep directory copied elsewhere (without its checkpoints) still finds its
+    measurements."""
+    return json.dumps({name: os.path.relpath(path, cache_dir) for name, path in runs.items()}, sort_keys=True)
+
+
 def decode_speeds(
     group: Group, cache: Path, *, limit: int | None, remeasure: bool
 ) -> dict[str, dict[str, float]]:
     """The group's decode speeds, read from ``cache`` when measured before for the same checkpoints."""
-    key = json.dumps({v.name: str(v.best_run().path) for v in group.variants}, sort_keys=True)
+    key = cache_key({v.name: v.best_run().path for v in group.variants}, cache.parent)
     stored = json.loads(cache.read_text()) if cache.is_file() else {}
     if key in stored and not remeasure:
         return stored[key]
@@ -467,6 +474,9 @@ def tradeoff_png(rows: list[dict[str, Any]], x_key: str, x_label: str) -> bytes:
 ATTENTION_SENTENCE = 0  # the test sentence (0-based line) whose cross-attention every variant draws
 
 
+ATTENTION_CACHE = "attention_maps.json"
+
+
 def attention_panels(variants: list[Variant], sentence: str) -> dict[str, Any]:
     """Each variant's cross-attention on ``sentence``: greedy output of the best checkpoint of its first
     seed, last decoder layer, mean over heads; a note instead where there is no checkpoint or no weights
@@ -487,9 +497,48 @@ def attention_panels(variants: list[Variant], sentence: str) -> dict[str, Any]:
     return panels
 
 
-def attention_png(group: Group) -> bytes | None:
+def panel_to_json(panel: Any) -> Any:
+    """An attention map as JSON (weights rounded to 4 decimals), or the note that stands in for one."""
+    if isinstance(panel, str):
+        return panel
+    weights = [[round(float(w), 4) for w in row] for row in panel.weights.tolist()]
+    return {"translation": panel.translation, "source_tokens": panel.source_tokens,
+            "target_tokens": panel.target_tokens, "weights": weights}  # fmt: skip
+
+
+def panel_from_json(stored: Any) -> Any:
+    from app.inference.translator import AttentionMap
+
+    if isinstance(stored, str):
+        return stored
+    return AttentionMap(
+        stored["translation"],
+        stored["source_tokens"],
+        stored["target_tokens"],
+        torch.tensor(stored["weights"]),
+    )
+
+
+def cached_attention_panels(
+    variants: list[Variant], sentence: str, cache: Path, *, remeasure: bool
+) -> dict[str, Any]:
+    """:func:`attention_panels`, stored in ``cache`` so that a report regenerated later (or from a copy
+    of the sweep without checkpoints) draws the same figure; drawn from the stored, rounded maps always,
+    so the first report and every later one are identical."""
+    key = cache_key({v.name: v.runs[0].path for v in variants}, cache.parent) + f" | {sentence}"
+    stored = json.loads(cache.read_text()) if cache.is_file() else {}
+    if key not in stored or remeasure:
+        panels = attention_panels(variants, sentence)
+        if all(isinstance(panel, str) for panel in panels.values()):
+            return panels  # nothing measured: keep whatever the cache holds
+        stored[key] = {name: panel_to_json(panel) for name, panel in panels.items()}
+        cache.write_text(json.dumps(stored, sort_keys=True) + "\n")
+    return {name: panel_from_json(panel) for name, panel in stored[key].items()}
+
+
+def attention_png(group: Group, cache: Path, *, remeasure: bool = False) -> bytes | None:
     """The fixed test sentence's attention maps of all variants side by side; None without test data
-    or without any checkpoint."""
+    or without any checkpoint or cached map."""
     from app.attention.plot import comparison_figure
     from app.reports.figures import png_bytes
 
@@ -497,7 +546,7 @@ def attention_png(group: Group) -> bytes | None:
     if texts is None or len(texts[0]) <= ATTENTION_SENTENCE:
         return None
     sentence = texts[0][ATTENTION_SENTENCE]
-    panels = attention_panels(group.variants, sentence)
+    panels = cached_attention_panels(group.variants, sentence, cache, remeasure=remeasure)
     if all(isinstance(panel, str) for panel in panels.values()):
         return None
     title = f"test sentence {ATTENTION_SENTENCE + 1}: {sentence} (last decoder layer, mean over heads)"
@@ -603,7 +652,7 @@ def write_report(
                 rows, "kv_bytes_per_token", "KV-cache bytes per token"
             ),
         }
-        attention = attention_png(group)
+        attention = attention_png(group, out_dir / ATTENTION_CACHE, remeasure=remeasure)
         if attention is not None:
             pngs[f"group{number}_attention.png"] = attention
         for name, data in pngs.items():

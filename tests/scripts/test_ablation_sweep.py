@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from helpers.training import run_train, tiny_overrides, write_corpus_slice
+
+from app.reports.ablation import write_report
 
 SLICE = {"train": 400, "val": 30, "test_2016_flickr": 20}
 
@@ -61,3 +64,10 @@ def test_one_command_sweep_reports_finished_and_failed_jobs(multi30k_dir: Path, 
     assert (
         "failed job" in markdown and "num_kv_heads" in markdown and "heads.num_kv_heads=3,seed=1" in markdown
     )
+
+    # a copy without checkpoints (as committed under docs/ablation/) regenerates the same table and figures
+    copy = tmp_path / "copy"
+    shutil.copytree(sweep, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    write_report([copy])
+    for name in ("report.csv", "group1_curves.png", "group1_bleu_vs_speed.png", "group1_attention.png"):
+        assert (copy / name).read_bytes() == (sweep / name).read_bytes(), name
