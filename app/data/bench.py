@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from app.data.batch import Batch
 from app.data.synthetic import write_synthetic_corpus
-from app.training.distributed import register_resolvers
+from app.training.benchmark import bench_config as bounded_train_config
 from app.training.task import build_run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,9 +64,8 @@ def anon_rss_mb() -> int | None:
 def bench_config(
     corpus_dir: Path, cache_dir: Path, out_dir: Path, steps: int, overrides: list[str], base: Path
 ) -> DictConfig:
-    """``train.py``'s config on the synthetic corpus, ``steps`` steps, no validation, no files written;
-    valid and test come from the ``base`` Multi30k directory."""
-    register_resolvers()
+    """``train.py``'s config on the synthetic corpus, ``steps`` steps, no validation, no files written
+    (the training benchmark's bounds); valid and test come from the ``base`` Multi30k directory."""
     base = base.resolve()
     files = [
         "data=custom",
@@ -79,20 +77,7 @@ def bench_config(
         f"data.files.test.tgt={base / 'test_2016_flickr.en.gz'}",
         f"data.cache_dir={cache_dir}",
     ]
-    fixed = [
-        f"trainer.max_steps={steps}",
-        "trainer.max_time=null",
-        "trainer.max_epochs=null",
-        "trainer.limit_val_batches=0",
-        "trainer.enable_progress_bar=false",
-        "trainer.enable_model_summary=false",
-        "checkpoint.every_n_steps=null",
-        "early_stopping.patience=0",
-        "logger.kind=null",
-        f"output_dir={out_dir}",
-    ]
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        return compose("train", overrides=[*files, *overrides, *fixed])
+    return bounded_train_config([*files, *overrides, "trainer.max_epochs=null"], steps, out_dir)
 
 
 class StepClock(pl.Callback):
