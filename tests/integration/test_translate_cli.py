@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.models import TINY_TRANSFORMER
 
 from app.inference.cli import main, parse_args, translate_stream
 from app.inference.evaluate import evaluate
@@ -27,17 +28,7 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_POSITIONS = 32  # sources longer than 31 subwords are truncated
-MODEL_CFG = {
-    "family": "transformer",
-    "d_model": 32,
-    "num_heads": 4,
-    "encoder_layers": 1,
-    "decoder_layers": 1,
-    "d_ff": 64,
-    "dropout": 0.0,
-    "share_src_tgt_embeddings": True,
-    "max_positions": MAX_POSITIONS,
-}
+MODEL_CFG = {**TINY_TRANSFORMER, "max_positions": MAX_POSITIONS}
 LONG_LINE = "Ein Mann mit einem roten Hut " * 12  # far more than 31 subwords
 
 # Raw standard input and the text each line should be translated as.
