@@ -574,6 +574,34 @@ def markdown_rows(rows: list[dict[str, Any]]) -> str:
     return markdown_table(COLUMNS, [[cell(row[c]) for c in COLUMNS] for row in rows])
 
 
+HEADLINE = ("variant", "params", "steps", "BLEU (mean ± std)", "vs baseline (95% CI)", "p",
+            "decode sent/s greedy / beam 5")  # fmt: skip
+
+
+def headline_markdown(rows: list[dict[str, Any]]) -> str:
+    """The few columns a reader compares first, formatted to be quoted as is (e.g. in a README)."""
+
+    def plus_minus(value: Any, spread: Any, signed: bool = False) -> str:
+        if value is None:
+            return ""
+        text = f"{value:+.2f}" if signed else f"{value:.2f}"
+        return text if spread is None else f"{text} ± {spread:.2f}"
+
+    def millions(value: Any) -> str:
+        return "-" if value is None else f"{value / 1e6:.2f}M"
+
+    lines = []
+    for row in rows:
+        delta = plus_minus(row["delta_bleu"], row["ci95"], signed=True)
+        p_value = "" if row["p_value"] is None else f"{row['p_value']}{' *' if row['significant'] else ''}"
+        speed = f"{cell(row['decode_sent_s_greedy'])} / {cell(row['decode_sent_s_beam5'])}"
+        lines.append([row["variant"], millions(row["params"]), cell(row["steps"]),
+                      plus_minus(row["bleu"], row["bleu_std"]), delta, p_value, speed])  # fmt: skip
+    from app.reports.summary import markdown_table
+
+    return markdown_table(HEADLINE, lines)
+
+
 def header_lines(group: Group, baseline: Variant | None) -> list[str]:
     """What was held equal, how the comparison was made, which jobs are missing."""
 
@@ -659,7 +687,8 @@ def write_report(
             (out_dir / name).write_bytes(data)
             figures.append(out_dir / name)
         header = header_lines(group, base)
-        md += ["", f"## Group {number}", "", *header, "", markdown_rows(rows), ""]
+        md += ["", f"## Group {number}", "", *header, "", headline_markdown(rows), "", "All columns:", ""]
+        md += [markdown_rows(rows), ""]
         md += [f"![{name}]({name})" for name in pngs]
         html += [f"<h2>Group {number}</h2>", "<ul>", *[f"<li>{line[2:]}</li>" for line in header], "</ul>"]
         html.append(html_table(rows))

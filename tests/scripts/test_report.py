@@ -88,6 +88,10 @@ def test_report_rows_files_and_a_failed_job(tmp_path: Path) -> None:
     assert (
         "failed job" in markdown and "attention=gqa,seed=3" in markdown and "RuntimeError: boom" in markdown
     )
+    headline = [line for line in markdown.splitlines() if line.startswith("| eager |")]
+    assert len(headline) == 2 and headline[0].split(" | ")[4] == ""  # headline + full row; no delta
+    sdpa = next(line for line in markdown.splitlines() if line.startswith("| sdpa kv=2 | "))
+    assert " ± " in sdpa and sdpa.count(" | ") == 6  # the headline row comes first: 7 columns
     assert "data:image/png;base64," in (sweep / "report.html").read_text()
     first = {p.name: p.read_bytes() for p in sweep.iterdir() if p.is_file()}
     assert report(str(sweep)).returncode == 0
@@ -160,3 +164,11 @@ def test_a_failed_file_marks_the_job_failed_with_its_error(tmp_path: Path) -> No
     assert failed.what_it_left().endswith("error: ValueError: num_kv_heads=3 must divide num_heads=4")
     clear_failure(run)  # a resumed sweep runs the job again
     assert read_run(run).status == "missing"
+
+
+def test_the_readme_quotes_the_committed_rnn_report_as_written() -> None:
+    """The README's ablation table is the report's headline table, not a hand-made copy."""
+    report_md = (REPO_ROOT / "docs/ablation/rnn_3min/report.md").read_text()
+    start = report_md.index("| variant | params | steps |")
+    table = report_md[start : report_md.index("\n\n", start)]
+    assert table in (REPO_ROOT / "README.md").read_text()
