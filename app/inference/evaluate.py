@@ -65,6 +65,7 @@ class Evaluation:
             "checkpoint": self.checkpoint,
             "test_set": self.test_set,
             "beam": self.settings.beam,
+            "alpha": self.settings.alpha,
             **(self.scores.rounded(prefix=prefix) if self.scores else {}),
             f"{prefix}decode_seconds": speed["seconds"],
             f"{prefix}decode_sentences_per_s": speed["sentences_per_s"],
@@ -82,6 +83,7 @@ def evaluate(
     *,
     device: str | torch.device = "cpu",
     test_set: str = "test",
+    target_lang: str | None = None,
     warmup: bool = False,
     on_truncate: Callable[[int, int], None] | None = None,
 ) -> Evaluation:
@@ -90,6 +92,7 @@ def evaluate(
     ``checkpoint`` may be an already loaded :class:`Translator` or inference engine (then ``device`` is
     where it already is), so a benchmark can time several settings without reloading. ``warmup`` first
     translates one batch untimed (allocator and kernel caches warm, as in a long-running server).
+    ``target_lang`` (an ISO code) adds the Moses-tokenized lowercased BLEU to the scores.
     Reference counts that differ from the source count raise ValueError before anything is translated.
     """
     if references is not None and len(references) != len(sources):
@@ -107,7 +110,7 @@ def evaluate(
         test_set=test_set,
         settings=settings,
         hypotheses=hypotheses,
-        scores=corpus_scores(hypotheses, references) if references is not None else None,
+        scores=corpus_scores(hypotheses, references, target_lang) if references is not None else None,
         seconds=seconds,
         target_tokens=sum(len(ids) for ids in translator.tgt_tokenizer.encode(hypotheses)),
         threads=torch.get_num_threads(),

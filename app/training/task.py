@@ -5,9 +5,10 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,23 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
+from app.checkpoint import (
+    CHECKPOINT_KEY,
+    average_checkpoints,
+    read_checkpoint,
+    save_atomically,
+    step_checkpoints,
+)
 from app.data.corpus import to_parallel_text
 from app.data.datamodule import TranslationDataModule
 from app.data.encoded import text_column
 from app.data.sources import load_corpora
 from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
 from app.hardware import resolve_precision
-from app.inference.evaluate import evaluate
+from app.inference.evaluate import Evaluation, evaluate
+from app.inference.selection import best_trial, search_grid, validation_trials
 from app.inference.translator import SearchSettings
+from app.io import atomic_write
 from app.models import build_model
 from app.training.callbacks import (
     BatchSamplerEpoch,
@@ -42,6 +52,7 @@ from app.training.module import TranslationModule
 log = logging.getLogger(__name__)
 
 TEST_HYPOTHESES = "test.hyp"  # the run directory's test-set translations, written with results.json
+AVERAGED_CHECKPOINT = "averaged.ckpt"  # selection.average_last's candidate, beside best.ckpt
 
 
 @dataclass
@@ -60,6 +71,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Every rank of a distributed run executes this; only global rank 0 evaluates and writes results.
     """
+    check_selection(cfg)
     finished = finished_results(cfg)
     if finished is not None:
         return finished
@@ -132,23 +144,112 @@ def fit_and_evaluate(run: Run, cfg: DictConfig) -> dict[str, Any]:
     fit_seconds = time.perf_counter() - started
     if not trainer.is_global_zero:
         return {}
-    test = to_parallel_text(run.corpora["test"])
-    evaluation = evaluate(
+    evaluation, selection = score_on_test(
+        cfg,
+        run.corpora,
         final_checkpoint(trainer),
-        test.src,
-        test.tgt,
-        SearchSettings(**OmegaConf.to_container(cfg.test_search, resolve=True)),
         device=trainer.strategy.root_device,  # a GPU run decodes (and times its decoding) on its GPU
-        test_set=cfg.data.get("test_name", "test"),
     )
-    results = {**evaluation.results(prefix="test_"), **run_statistics(trainer, module, fit_seconds)}
-    # the test translations, one per line: reports compare variants sentence by sentence without re-decoding
-    lines = (h.replace("\n", " ") + "\n" for h in evaluation.hypotheses)
-    (run.run_dir / TEST_HYPOTHESES).write_text("".join(lines), encoding="utf-8")
-    (run.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    results = {
+        **evaluation.results(prefix="test_"),
+        **run_statistics(trainer, module, fit_seconds),
+        **selection,
+    }
+    write_test_results(run.run_dir, evaluation, results)
     log_results_and_close(trainer.logger, results)
     log.info("test scores: %s", json.dumps(results))
     return results
+
+
+def score_on_test(
+    cfg: DictConfig,
+    corpora: dict[str, datasets.Dataset],
+    best_checkpoint: str,
+    *,
+    device: str | torch.device = "cpu",
+) -> tuple[Evaluation, dict[str, Any]]:
+    """Decode and score the test set with what the validation set chose (``selection`` in the config).
+
+    The candidates are ``best_checkpoint`` and, with ``selection.average_last=N``, the average of the
+    run's newest N step checkpoints (written to ``checkpoints/averaged.ckpt``); each decodes the
+    validation set with every combination of ``selection.beam`` x ``selection.alpha`` (``test_search``
+    for the rest). The best validation BLEU wins. Returns the test evaluation and, when there was a
+    choice, ``{"selection": {...}}`` with every trial for results.json.
+    """
+    settings = SearchSettings(**OmegaConf.to_container(cfg.test_search, resolve=True))
+    choice = cfg.get("selection") or {}
+    grid = search_grid(settings, choice.get("beam"), choice.get("alpha"))
+    averaged = averaged_candidate(Path(best_checkpoint).parent, choice.get("average_last"))
+    candidates = [best_checkpoint, *averaged]
+    selection: dict[str, Any] = {}
+    if len(candidates) * len(grid) > 1:
+        valid = to_parallel_text(corpora["valid"])
+        trials = validation_trials(candidates, grid, valid.src, valid.tgt, device=device)
+        chosen = best_trial(trials)
+        best_checkpoint, settings = chosen.checkpoint, replace(settings, beam=chosen.beam, alpha=chosen.alpha)
+        selection = {"selection": {"chosen": chosen.as_dict(), "trials": [t.as_dict() for t in trials]}}
+        log.info("chosen on validation: %s", json.dumps(selection["selection"]["chosen"]))
+    test = to_parallel_text(corpora["test"])
+    evaluation = evaluate(
+        best_checkpoint,
+        test.src,
+        test.tgt,
+        settings,
+        device=device,
+        test_set=cfg.data.get("test_name", "test"),
+        target_lang=cfg.data.get("tgt_lang"),
+    )
+    return evaluation, selection
+
+
+def rescore_run(run_dir: str | os.PathLike[str], overrides: list[str] | None = None) -> dict[str, Any]:
+    """Choose on validation and score on test a finished run again, with the config its checkpoint holds plus
+    ``overrides`` (``key=value``, e.g. ``selection.average_last=5``), from its checkpoints; no training.
+
+    The test keys, ``selection`` and the override list in the run's results.json are replaced; its run
+    statistics (steps, time, tokens/s) stay. Returns the new results.
+    """
+    run_dir = Path(run_dir)
+    checkpoints = run_dir / "checkpoints"
+    best = next((p for p in (checkpoints / "best.ckpt", checkpoints / "last.ckpt") if p.is_file()), None)
+    if best is None:
+        raise FileNotFoundError(f"neither best.ckpt nor last.ckpt in {checkpoints}: not a train.py run")
+    trained_with = read_checkpoint(best)[CHECKPOINT_KEY]["config"]  # the run's whole config, resolved
+    cfg = OmegaConf.merge(OmegaConf.create(trained_with), OmegaConf.from_dotlist(overrides or []))
+    check_selection(cfg)
+    evaluation, selection = score_on_test(cfg, load_corpora(OmegaConf.to_container(cfg.data)), str(best))
+    results_file = run_dir / "results.json"
+    previous = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    kept = {k: v for k, v in previous.items() if not k.startswith("test_") and k != "selection"}
+    results = {**kept, **evaluation.results(prefix="test_"), **selection, "rescored_with": overrides or []}
+    write_test_results(run_dir, evaluation, results)
+    return results
+
+
+def averaged_candidate(directory: Path, last: int | None) -> list[str]:
+    """``[path]`` of the average of the newest ``last`` step checkpoints in ``directory``, written there
+    as averaged.ckpt; ``[]`` when not asked for or fewer than two step checkpoints exist (a short run)."""
+    if not last:
+        return []
+    paths = step_checkpoints(directory)[-last:]
+    if len(paths) < 2:
+        log.warning("selection.average_last=%d: %d step checkpoint(s), not averaging", last, len(paths))
+        return []
+    if len(paths) < last:
+        log.warning("selection.average_last=%d: only %d step checkpoints to average", last, len(paths))
+    averaged = directory / AVERAGED_CHECKPOINT
+    save_atomically(average_checkpoints(paths), averaged)
+    log.info("averaged %s into %s", ", ".join(p.name for p in paths), averaged)
+    return [str(averaged)]
+
+
+def write_test_results(run_dir: Path, evaluation: Evaluation, results: dict[str, Any]) -> None:
+    """``test.hyp`` (one translation per line: reports compare variants sentence by sentence without
+    re-decoding) and ``results.json``, each written atomically."""
+    with atomic_write(run_dir / TEST_HYPOTHESES, "w", encoding="utf-8") as out:
+        out.writelines(h.replace("\n", " ") + "\n" for h in evaluation.hypotheses)
+    with atomic_write(run_dir / "results.json", "w") as out:
+        out.write(json.dumps(results, indent=2) + "\n")
 
 
 def final_checkpoint(trainer: pl.Trainer) -> str:
@@ -264,6 +365,25 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     if trace:
         callbacks.append(BatchTrace(trace))
     return callbacks
+
+
+def check_selection(cfg: DictConfig) -> None:
+    """Refuse, before training, a ``selection`` that could not be carried out after it."""
+    choice = cfg.get("selection") or {}
+    unknown = sorted(set(choice) - {"average_last", "beam", "alpha"})
+    if unknown:
+        raise ValueError(f"unknown selection option(s) {unknown}; valid options: alpha, average_last, beam")
+    for key in ("beam", "alpha"):
+        values = choice.get(key)
+        if values is not None and (isinstance(values, (str, int, float)) or not len(values)):
+            raise ValueError(f"selection.{key} must be a non-empty list (e.g. [4, 5]) or null: {values!r}")
+    last, keep = choice.get("average_last") or 0, cfg.checkpoint.get("keep_last") or 0
+    if last and (last > keep or not cfg.checkpoint.get("every_n_steps")):
+        raise ValueError(
+            f"selection.average_last={last} averages step checkpoints, but checkpoint.keep_last={keep} "
+            f"and checkpoint.every_n_steps={cfg.checkpoint.get('every_n_steps')}: set keep_last >= {last} "
+            "and every_n_steps"
+        )
 
 
 def check_trainer_options(options: dict[str, Any]) -> None:

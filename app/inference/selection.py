@@ -1,0 +1,71 @@
+"""Choose what decodes the test set using the validation set alone: a checkpoint and its search settings.
+
+After training, several candidates may be worth scoring: the best checkpoint by validation BLEU, the
+average of the last few step checkpoints, and a small grid of beam sizes and length penalties. Each
+pair (checkpoint, settings) is one :class:`Trial` on the validation set; the trial with the highest
+validation BLEU decodes the test set. The test references never take part in the choice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from app.inference.evaluate import evaluate
+from app.inference.translator import SearchSettings, load_translator
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate decoding of the validation set and its scores."""
+
+    checkpoint: str
+    beam: int
+    alpha: float
+    bleu: float  # cased validation BLEU: what val/bleu and best.ckpt are chosen by
+    bleu_lc: float
+
+    def as_dict(self) -> dict[str, str | int | float]:
+        return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def search_grid(
+    base: SearchSettings, beams: Sequence[int] | None = None, alphas: Sequence[float] | None = None
+) -> list[SearchSettings]:
+    """``base`` with every combination of ``beams`` x ``alphas`` (None: the base's own value)."""
+    beams = list(beams) if beams else [base.beam]
+    alphas = list(alphas) if alphas else [base.alpha]
+    return [replace(base, beam=beam, alpha=alpha) for beam, alpha in itertools.product(beams, alphas)]
+
+
+def validation_trials(
+    checkpoints: Sequence[str | os.PathLike[str]],
+    grid: Sequence[SearchSettings],
+    sources: list[str],
+    references: list[str],
+    *,
+    device: str | torch.device = "cpu",
+) -> list[Trial]:
+    """Every checkpoint decodes the validation set with every setting of ``grid`` (checkpoints outer)."""
+    if not checkpoints or not grid:
+        raise ValueError("validation_trials needs at least one checkpoint and one search setting")
+    trials = []
+    for checkpoint in checkpoints:
+        translator, _ = load_translator(checkpoint, device=device)  # loaded once for the whole grid
+        for settings in grid:
+            scores = evaluate(translator, sources, references, settings).scores
+            assert scores is not None  # references were given
+            trials.append(Trial(str(checkpoint), settings.beam, settings.alpha, scores.bleu, scores.bleu_lc))
+    return trials
+
+
+def best_trial(trials: Sequence[Trial]) -> Trial:
+    """The trial with the highest validation BLEU; on a tie the earliest (the best checkpoint and the
+    first settings come first, so a tie keeps the simpler choice)."""
+    if not trials:
+        raise ValueError("best_trial needs at least one trial")
+    return max(trials, key=lambda trial: trial.bleu)  # max keeps the first of equal keys
