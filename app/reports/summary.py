@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 from app.attention.config import describe_attention as attention_label
@@ -20,6 +21,8 @@ COLUMNS = (
     "train tok/s",
     "test sent/s",
     "peak RSS MB",
+    "BLEU lc Moses",
+    "decoded with",
 )
 
 
@@ -62,7 +65,19 @@ def summary_row(run: Run) -> list[str]:
         f"{r['train_tokens_per_s']:,}" if "train_tokens_per_s" in r else "",
         f"{r['test_decode_sentences_per_s']:.1f}" if "test_decode_sentences_per_s" in r else "",
         f"{r['peak_rss_mb']:,}" if "peak_rss_mb" in r else "",
+        f"{r['test_bleu_moses_lc']:.2f}" if "test_bleu_moses_lc" in r else "",
+        describe_decoding(r),
     ]
+
+
+def describe_decoding(results: dict[str, Any]) -> str:
+    """What decoded the test set: ``averaged, beam 5, alpha 1.0`` (alpha left out by older runs)."""
+    if "checkpoint" not in results:
+        return ""
+    parts = [PurePath(results["checkpoint"]).stem, f"beam {results['beam']}"]
+    if "alpha" in results:
+        parts.append(f"alpha {results['alpha']}")
+    return ", ".join(parts)
 
 
 def markdown_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:

@@ -33,6 +33,10 @@ def test_rows_for_finished_and_unfinished_runs(tmp_path: Path) -> None:
         "train_tokens_per_s": 5123,
         "test_decode_sentences_per_s": 41.26,
         "peak_rss_mb": 2319,
+        "test_bleu_moses_lc": 38.104,
+        "checkpoint": "runs/gqa/checkpoints/averaged.ckpt",
+        "beam": 8,
+        "alpha": 1.0,
     }
     gqa = make_run(
         tmp_path / "gqa",
@@ -46,7 +50,8 @@ def test_rows_for_finished_and_unfinished_runs(tmp_path: Path) -> None:
     )
     lines = summarize(gqa, rnn).stdout.splitlines()
     scores = "7.58M | 37.77 | 38.01 | 57.2 | 1593 | 60.0 | 5,123 | 41.3 | 2,319"
-    assert lines[2] == f"| gqa | transformer | sdpa kv=2 | {scores} |"
+    decoding = "38.10 | averaged, beam 8, alpha 1.0"
+    assert lines[2] == f"| gqa | transformer | sdpa kv=2 | {scores} | {decoding} |"
     assert lines[3].startswith("| rnn | rnn lstm | luong general | unfinished |")
     assert len(lines) == 4
 
