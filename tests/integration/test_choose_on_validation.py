@@ -4,6 +4,8 @@ only report. Also: ``scripts/rescore.py`` makes the same choice again on a finis
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,7 +69,7 @@ def test_test_scores_come_from_the_chosen_decoding(selected_run: Path, corpus_sl
     assert results["test_bleu_moses_lc"] >= 0.0
 
 
-def test_rescore_chooses_again_and_keeps_the_run_statistics(selected_run: Path, tmp_path: Path) -> None:
+def test_rescore_chooses_again_and_keeps_the_run_statistics(selected_run: Path) -> None:
     before = json.loads((selected_run / "results.json").read_text())
     steps = sorted(p.name for p in (selected_run / "checkpoints").glob("step-*.ckpt"))
     results = rescore_run(
@@ -89,9 +91,6 @@ def test_rescore_chooses_again_and_keeps_the_run_statistics(selected_run: Path, 
 
 
 def test_rescore_script_names_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [sys.executable, "scripts/rescore.py", str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True
     )
