@@ -55,20 +55,30 @@ def resolve_precision(precision: str | int, accelerator: str = "auto") -> str | 
     return chosen
 
 
-def matmul_peak_tflops(dtype: torch.dtype, *, size: int = 2048, repeats: int = 7) -> float:
-    """Measured TFLOP/s of a ``size`` x ``size`` matrix product in ``dtype`` on the current threads.
+def matmul_peak_tflops(
+    dtype: torch.dtype, *, size: int | None = None, repeats: int = 7, device: str | torch.device = "cpu"
+) -> float:
+    """Measured TFLOP/s of a ``size`` x ``size`` matrix product in ``dtype`` on ``device`` right now.
 
     The denominator of model FLOP utilisation: what this machine's matrix kernels reach on a large,
-    well-shaped product right now (the median of ``repeats`` timed products after one warm-up), so
-    MFU is a ratio taken on the same machine, threads and load as the model it judges.
+    well-shaped product (the median of ``repeats`` timed products after one warm-up), so MFU is a ratio
+    taken on the same machine, threads and load as the model it judges. ``size`` defaults to 2048 on a
+    CPU and 8192 on a GPU (a 2048 product is too small to fill a data-centre GPU).
     """
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
-    torch.matmul(a, b)  # warm-up: oneDNN picks and caches its kernel
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    size = size or (8192 if on_gpu else 2048)
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    torch.matmul(a, b)  # warm-up: oneDNN / cuBLAS picks and caches its kernel
     times = []
     for _ in range(repeats):
+        if on_gpu:
+            torch.cuda.synchronize(device)
         started = time.perf_counter()
         torch.matmul(a, b)
+        if on_gpu:
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - started)
     return 2 * size**3 / statistics.median(times) / 1e12
 
@@ -83,6 +93,18 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     except OSError:  # not Linux: the name from platform
         pass
     return platform.processor() or platform.machine()
+
+
+def machine_description(device: str | torch.device = "cpu") -> dict[str, object]:
+    """Where a run ran, for its results.json and the reports that compare runs: the accelerator (or
+    ``cpu``), the CPU model and flags, the torch build and its intra-op threads."""
+    device = torch.device(device)
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        **cpu_description(),
+    }
 
 
 def cpu_description() -> dict[str, object]:

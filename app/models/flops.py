@@ -47,8 +47,8 @@ def transformer_forward_flops(model: nn.Module, src_lengths: Tensor, tgt_lengths
     ``src_lengths`` and ``tgt_lengths`` (B,) are the real token counts of each pair (source + EOS,
     BOS + target), as :func:`batch_lengths` returns them.
     """
-    s = src_lengths.to(torch.float64)
-    t = tgt_lengths.to(torch.float64)
+    s = src_lengths.to("cpu", torch.float64)  # counted on the host, wherever the batch lives
+    t = tgt_lengths.to("cpu", torch.float64)
     total = torch.zeros((), dtype=torch.float64)
     for layer in model.encoder:
         width = attention_width(layer.self_attn)

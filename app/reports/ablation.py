@@ -290,16 +290,19 @@ def measure_decode_speed(
     beams: tuple[int, ...] = (1, 5),
     batch_size: int = 64,
     threads: int = 1,
-) -> dict[str, dict[str, float]]:
+    device: str | None = None,
+) -> dict[str, dict[str, Any]]:
     """Sentences/s per variant and beam: the median of ``rounds`` passes, variants interleaved within each
-    round so that machine load drifts hit them all alike. Same threads, batch and sentences for all."""
+    round so that machine load drifts hit them all alike. Same device, threads, batch and sentences for
+    all. ``device`` defaults to the GPU when there is one (else the CPU, on ``threads`` threads)."""
 
     from app.inference.evaluate import evaluate
     from app.inference.translator import SearchSettings, load_translator
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(threads)
     translators = {
-        v.name: load_translator(v.best_run().path / "checkpoints" / "best.ckpt")[0] for v in variants
+        v.name: load_translator(v.best_run().path / "checkpoints" / "best.ckpt", device)[0] for v in variants
     }
     timings: dict[str, dict[str, list[float]]] = {name: {} for name in translators}
     for _ in range(rounds):
@@ -310,7 +313,8 @@ def measure_decode_speed(
                 timings[name].setdefault(f"beam{beam}", []).append(speed)
     return {
         name: {key: round(statistics.median(values), 1) for key, values in per_beam.items()}
-        | {"threads": threads, "batch_size": batch_size, "rounds": rounds, "sentences": len(sources)}
+        | {"device": device, "threads": threads, "batch_size": batch_size, "rounds": rounds}
+        | {"sentences": len(sources)}
         for name, per_beam in timings.items()
     }
 
@@ -345,9 +349,10 @@ def decode_speeds(
 
 COLUMNS = (
     "variant", "seeds", "params", "kv_bytes_per_token", "steps", "train_tokens_per_s", "peak_rss_mb",
-    "bleu", "bleu_std", "bleu_lc", "bleu_lc_std", "chrf", "chrf_std",
+    "peak_gpu_mb", "bleu", "bleu_std", "bleu_lc", "bleu_lc_std", "chrf", "chrf_std",
     "decode_sent_s_greedy", "decode_sent_s_beam5",
     "delta_bleu", "ci95", "p_value", "significant",
+    "seeds_low", "seeds_high", "p_value_seeds", "significant_seeds",
 )  # fmt: skip
 
 
@@ -370,6 +375,7 @@ def variant_row(
         ("steps", "global_step"),
         ("train_tokens_per_s", "train_tokens_per_s"),
         ("peak_rss_mb", "peak_rss_mb"),
+        ("peak_gpu_mb", "peak_gpu_mb"),
     ):
         mean, _ = mean_std(variant.result(key))
         row[column] = round(mean) if mean is not None else None
@@ -380,6 +386,7 @@ def variant_row(
     speed = speeds.get(variant.name, {})
     row["decode_sent_s_greedy"], row["decode_sent_s_beam5"] = speed.get("beam1"), speed.get("beam5")
     row |= {"delta_bleu": None, "ci95": None, "p_value": None, "significant": None}
+    row |= {"seeds_low": None, "seeds_high": None, "p_value_seeds": None, "significant_seeds": None}
     if baseline is None or references is None or variant is baseline or len(variant.runs) < 2:
         return row
     pair = pooled_pair(baseline, variant, references)
@@ -392,7 +399,24 @@ def variant_row(
         "p_value": round(test["p_value"], 4),
         "significant": test["p_value"] < SIGNIFICANCE,
     }
-    return row
+    return row | seed_level_test(baseline, variant, references)
+
+
+def seed_level_test(baseline: Variant, variant: Variant, references: list[str]) -> dict[str, Any]:
+    """The two-level (seeds and sentences) bootstrap of :mod:`app.reports.significance`, on every seed
+    each variant finished: the 95% interval of the difference and its p-value."""
+    from app.reports.significance import seed_and_sentence_bootstrap
+
+    translations = [[r.hypotheses for r in v.runs if r.hypotheses] for v in (baseline, variant)]
+    if any(len(seeds) < 2 for seeds in translations):
+        return {}
+    test = seed_and_sentence_bootstrap(*translations, references)
+    return {
+        "seeds_low": round(test["low"], 2),
+        "seeds_high": round(test["high"], 2),
+        "p_value_seeds": round(test["p_value"], 4),
+        "significant_seeds": test["p_value"] < SIGNIFICANCE,
+    }
 
 
 def pick_baseline(variants: list[Variant], name: str | None) -> Variant | None:
@@ -574,8 +598,8 @@ def markdown_rows(rows: list[dict[str, Any]]) -> str:
     return markdown_table(COLUMNS, [[cell(row[c]) for c in COLUMNS] for row in rows])
 
 
-HEADLINE = ("variant", "params", "steps", "BLEU (mean ± std)", "vs baseline (95% CI)", "p",
-            "decode sent/s greedy / beam 5")  # fmt: skip
+HEADLINE = ("variant", "params", "steps", "BLEU (mean ± std)", "vs baseline (95% CI)", "p sentences",
+            "95% interval over seeds", "p seeds", "decode sent/s greedy / beam 5")  # fmt: skip
 
 
 def headline_markdown(rows: list[dict[str, Any]]) -> str:
@@ -594,31 +618,37 @@ def headline_markdown(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         delta = plus_minus(row["delta_bleu"], row["ci95"], signed=True)
         p_value = "" if row["p_value"] is None else f"{row['p_value']}{' *' if row['significant'] else ''}"
+        interval = "" if row["seeds_low"] is None else f"{row['seeds_low']:+.2f} .. {row['seeds_high']:+.2f}"
+        p_seeds = "" if row["p_value_seeds"] is None else (
+            f"{row['p_value_seeds']}{' *' if row['significant_seeds'] else ''}")  # fmt: skip
         speed = f"{cell(row['decode_sent_s_greedy'])} / {cell(row['decode_sent_s_beam5'])}"
         lines.append([row["variant"], millions(row["params"]), cell(row["steps"]),
-                      plus_minus(row["bleu"], row["bleu_std"]), delta, p_value, speed])  # fmt: skip
+                      plus_minus(row["bleu"], row["bleu_std"]), delta, p_value, interval, p_seeds,
+                      speed])  # fmt: skip
     from app.reports.summary import markdown_table
 
     return markdown_table(HEADLINE, lines)
 
 
-def header_lines(group: Group, baseline: Variant | None) -> list[str]:
+def header_lines(group: Group, baseline: Variant | None, speeds: dict[str, Any]) -> list[str]:
     """What was held equal, how the comparison was made, which jobs are missing."""
 
     budget = {k.removeprefix("trainer."): v for k, v in group.held["budget"].items() if v is not None}
-    results = group.variants[0].runs[0].results if group.variants else {}
     lines = [
         f"- data: {json.dumps(group.held['data'], default=str)}",
         f"- model size: {json.dumps(group.held['model size'], default=str)}",
         f"- budget: {json.dumps(budget)} (training stops at whichever is reached first)",
-        f"- hardware: {cpu_model()}; torch {torch.__version__}; test decoding threads "
-        f"{(results or {}).get('test_decode_threads', '?')}",
+        f"- trained on: {trained_on(group)}",
+        f"- decoding speed: {decode_conditions(speeds)}",
         f"- kv_bytes_per_token: decoder self-attention cache bytes per generated token, all layers, "
         f"averaged over a {KV_LENGTH}-token output (each kernel's cache_bytes; window and fixed-state "
         "kernels grow less)",
         f"- baseline: {baseline.name if baseline else 'none'}; difference: cased test BLEU, sacreBLEU paired "
         f"bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) pooled over the seeds both "
         f"variants finished; ci95 = half-width of the variant's 95% interval; * = p < {SIGNIFICANCE}",
+        "- p seeds: a two-level bootstrap (app/reports/significance.py) that resamples the seeds of each "
+        "variant as well as the test sentences, so it asks whether the *recipes* differ, not only these "
+        "trained systems; its 95% interval is of the difference in cased BLEU",
     ]
     single = [v.name for v in group.variants if len(v.runs) < 2]
     if single:
@@ -628,16 +658,43 @@ def header_lines(group: Group, baseline: Variant | None) -> list[str]:
     return lines
 
 
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (Linux), else the platform's processor string."""
-    import platform
+def trained_on(group: Group) -> str:
+    """The machines the group's runs recorded (results.json ``machine``), and how many jobs of their
+    sweep ran at a time; runs from before that record say where they decoded the test set."""
+    machines, jobs = set(), set()
+    for run in (run for variant in group.variants for run in variant.runs):
+        results = run.results or {}
+        machine = results.get("machine")
+        if machine:
+            accelerator = "" if machine["device"] == "cpu" else f"{machine['device']}, "
+            cpu = f"{machine['cpu_model']} ({machine['threads']} threads)"
+            machines.add(f"{accelerator}{cpu}, torch {machine['torch']}")
+        else:
+            decoded_on = results.get("test_decode_device", "?")
+            machines.add(f"not recorded by these runs (test decoded on {decoded_on})")
+        jobs.add(jobs_at_a_time(run.path.parent))
+    parallel = "; ".join(f"{n} job(s) at a time" for n in sorted(jobs, key=str) if n is not None)
+    return "; ".join(sorted(machines)) + (f"; {parallel}" if parallel else "")
 
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+
+def jobs_at_a_time(sweep_dir: Path) -> int | None:
+    """``hydra.launcher.n_jobs`` of the sweep that wrote ``sweep_dir`` (None for a plain run)."""
+    config = sweep_dir / "multirun.yaml"
+    if not config.is_file():
+        return None
+    return OmegaConf.select(OmegaConf.load(config), "hydra.launcher.n_jobs", default=None)
+
+
+def decode_conditions(speeds: dict[str, Any]) -> str:
+    """How the decoding speeds were timed (the same for every variant), or why there are none."""
+    if not speeds:
+        return "not measured (no best.ckpt of every variant, or no test files, where the report ran)"
+    any_variant = next(iter(speeds.values()))
+    return (
+        f"best checkpoint of each variant on {any_variant.get('device', 'cpu')}, "
+        f"{any_variant['threads']} thread(s), batch {any_variant['batch_size']}, "
+        f"{any_variant['sentences']} test sentences, median of {any_variant['rounds']} alternating rounds"
+    )
 
 
 def write_report(
@@ -686,7 +743,7 @@ def write_report(
         for name, data in pngs.items():
             (out_dir / name).write_bytes(data)
             figures.append(out_dir / name)
-        header = header_lines(group, base)
+        header = header_lines(group, base, speeds)
         md += ["", f"## Group {number}", "", *header, "", headline_markdown(rows), "", "All columns:", ""]
         md += [markdown_rows(rows), ""]
         md += [f"![{name}]({name})" for name in pngs]

@@ -12,11 +12,11 @@ and the peers' reports. Nothing is validated or checkpointed.
 
 MFU (model FLOP utilisation) = model FLOPs per second / measured matrix-product peak. Model FLOPs are
 counted from the model's shapes on the real lengths of every batch (``app/models/flops.py``: 3 x the
-forward pass, dense attention, padding excluded); the peak is the best of a bf16 and an fp32
-2048 x 2048 product timed on the same threads right before and after training
-(``app.hardware.matmul_peak_tflops``). ``mfu`` divides by the peak of the precision trained in
-(bf16 for bf16-mixed, else fp32); ``mfu_bf16`` always by the bf16 peak. Prints a summary, or with
-``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).
+forward pass, dense attention, padding excluded); the peak is the best of a bf16 and an fp32 matrix
+product timed on the training device right before and after training (on a CPU 2048 x 2048 on the same
+threads, on a GPU 8192 x 8192; ``app.hardware.matmul_peak_tflops``). ``mfu`` divides by the peak of
+the precision trained in (bf16 for bf16-mixed, else fp32); ``mfu_bf16`` always by the bf16 peak. Prints a
+summary, or with ``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).
 """
 
 from __future__ import annotations
@@ -75,11 +75,11 @@ def window_rates(counts: list[int], ends: list[float], warmup: int, windows: int
     return rates
 
 
-def peak_tflops() -> dict[str, float]:
-    """bf16 and fp32 matrix-product TFLOP/s on this machine's current threads."""
+def peak_tflops(device: torch.device) -> dict[str, float]:
+    """bf16 and fp32 matrix-product TFLOP/s on the training device (a CPU: its current threads)."""
     return {
-        "bf16": matmul_peak_tflops(torch.bfloat16),
-        "fp32": matmul_peak_tflops(torch.float32),
+        "bf16": matmul_peak_tflops(torch.bfloat16, device=device),
+        "fp32": matmul_peak_tflops(torch.float32, device=device),
     }
 
 
@@ -123,9 +123,10 @@ def measure(overrides: list[str], warmup: int, windows: int, size: int) -> dict[
         run.trainer.callbacks.append(clock)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        before = peak_tflops()
+        device = run.trainer.strategy.root_device  # the peak is measured where the model trains
+        before = peak_tflops(device)
         run.trainer.fit(run.module, datamodule=run.datamodule)
-        after = peak_tflops()
+        after = peak_tflops(device)
     peaks = {dtype: max(before[dtype], after[dtype]) for dtype in before}
     rates = window_rates(clock.tokens, clock.ends, warmup, windows, size)
     precision = str(run.trainer.precision)

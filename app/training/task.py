@@ -30,7 +30,7 @@ from app.data.datamodule import TranslationDataModule
 from app.data.encoded import text_column
 from app.data.sources import load_corpora
 from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
-from app.hardware import resolve_precision
+from app.hardware import machine_description, resolve_precision
 from app.inference.evaluate import Evaluation, evaluate
 from app.inference.selection import best_trial, search_grid, validation_trials
 from app.inference.translator import SearchSettings
@@ -286,7 +286,16 @@ def run_statistics(trainer: pl.Trainer, module: TranslationModule, fit_seconds: 
         "skipped_batches": module.skipped_batches,
         "world_size": trainer.world_size,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        **peak_gpu_memory(trainer.strategy.root_device),
+        "machine": machine_description(trainer.strategy.root_device),
     }
+
+
+def peak_gpu_memory(device: torch.device) -> dict[str, int]:
+    """``peak_gpu_mb``: the most GPU memory the run's tensors held (nothing for a CPU run)."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(device) / 2**20)}
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:

@@ -46,3 +46,20 @@ def test_ddp_on_two_gpus(corpus: Path, tmp_path: Path) -> None:
     overrides = [o for o in overrides if not o.startswith(("trainer.accelerator", "trainer.precision"))]
     run_train([*overrides, "trainer.max_steps=10"])
     assert json.loads((tmp_path / "run" / "results.json").read_text())["world_size"] == 2
+
+
+def test_training_benchmark_on_the_gpu_counts_flops_and_measures_the_gpus_peak(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """scripts/bench_train.py on CUDA: FLOPs are counted from lengths that live on the GPU, and MFU
+    divides by the GPU's own bf16 peak (hundreds of TFLOP/s), not the host CPU's."""
+    from app.training.benchmark import measure
+
+    overrides = tiny_overrides(corpus, tmp_path / "run", tmp_path / "cache")
+    overrides = [o for o in overrides if not o.startswith(("trainer.accelerator", "trainer.precision"))]
+    overrides = [o for o in overrides if not o.startswith(("output_dir", "hydra.run.dir"))]
+    result = measure([*overrides, "trainer.accelerator=gpu", "trainer.devices=1"], 3, 2, 3)
+    assert result["device"] == torch.cuda.get_device_name()
+    assert result["model_tflops"] > 0 and 0 < result["mfu"] < 1
+    assert result["peak_bf16_tflops"] > 20  # a data-centre GPU; a 2-core CPU reaches ~0.3-3
+    assert result["peak_cuda_mb"] > 0

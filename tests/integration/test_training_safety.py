@@ -73,7 +73,11 @@ def test_resuming_from_a_bad_checkpoint_is_a_clear_error(
 
 def test_resume_true_without_a_checkpoint_starts_fresh(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
     cfg = tiny_config(corpus, cache_dir, tmp_path / "run", "trainer.max_steps=2", "resume=true")
-    assert train(cfg)["global_step"] == 2
+    results = train(cfg)
+    assert results["global_step"] == 2
+    # where it ran, for reports that compare runs from different machines; no GPU memory on a CPU
+    assert results["machine"]["device"] == "cpu" and results["machine"]["torch"] == torch.__version__
+    assert results["machine"]["threads"] == torch.get_num_threads() and "peak_gpu_mb" not in results
 
 
 # -- non-finite losses -----------------------------------------------------------------------------------

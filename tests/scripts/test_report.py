@@ -52,7 +52,9 @@ def make_job(sweep: Path, variant: str, seed: int, *, finished: bool = True, log
     if finished:
         bleu = 40.0 + seed if variant == "mha" else 20.0 + seed
         results = {"parameters": 1000, "global_step": 10, "train_tokens_per_s": 500, "peak_rss_mb": 300,
-                   "test_bleu": bleu, "test_bleu_lc": bleu + 1, "test_chrf": bleu + 10}  # fmt: skip
+                   "test_bleu": bleu, "test_bleu_lc": bleu + 1, "test_chrf": bleu + 10,
+                   "machine": {"device": "cpu", "cpu_model": "Test CPU 9000", "threads": 2,
+                               "torch": "2.x", "cpu_flags": []}}  # fmt: skip
         (run / "results.json").write_text(json.dumps(results))
         (run / "test.hyp").write_text("\n".join(HYPS[variant]) + "\n")
     return run
@@ -91,7 +93,10 @@ def test_report_rows_files_and_a_failed_job(tmp_path: Path) -> None:
     headline = [line for line in markdown.splitlines() if line.startswith("| eager |")]
     assert len(headline) == 2 and headline[0].split(" | ")[4] == ""  # headline + full row; no delta
     sdpa = next(line for line in markdown.splitlines() if line.startswith("| sdpa kv=2 | "))
-    assert " ± " in sdpa and sdpa.count(" | ") == 6  # the headline row comes first: 7 columns
+    assert " ± " in sdpa and sdpa.count(" | ") == 8  # the headline row comes first: 9 columns
+    assert rows["sdpa kv=2"]["p_value_seeds"] and rows["eager"]["p_value_seeds"] == ""
+    # the machine the runs recorded, not the one writing the report; the sweep's jobs at a time
+    assert "- trained on: Test CPU 9000 (2 threads), torch 2.x" in markdown
     assert "data:image/png;base64," in (sweep / "report.html").read_text()
     first = {p.name: p.read_bytes() for p in sweep.iterdir() if p.is_file()}
     assert report(str(sweep)).returncode == 0
@@ -166,9 +171,9 @@ def test_a_failed_file_marks_the_job_failed_with_its_error(tmp_path: Path) -> No
     assert read_run(run).status == "missing"
 
 
-def test_the_readme_quotes_the_committed_rnn_report_as_written() -> None:
+def test_the_readme_quotes_the_committed_transformer_report_as_written() -> None:
     """The README's ablation table is the report's headline table, not a hand-made copy."""
-    report_md = (REPO_ROOT / "docs/ablation/rnn_3min/report.md").read_text()
+    report_md = (REPO_ROOT / "docs/ablation/transformer_gpu_2min/report.md").read_text()
     start = report_md.index("| variant | params | steps |")
     table = report_md[start : report_md.index("\n\n", start)]
     assert table in (REPO_ROOT / "README.md").read_text()
