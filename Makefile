@@ -6,7 +6,8 @@ MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
 # Where `make demo` trains: git-ignored (docs/results/quickstart is the committed record of one such run).
 RUN_DIR ?= runs/quickstart
 
-.PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode clean
+.PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode \
+	ablation-gpu ablation-rnn clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -56,6 +57,17 @@ bench-engines:  ## decoding speed and BLEU of CKPT: torch fp32/bf16 against CTra
 
 bench-train: install  ## training tokens/s and peak memory of the quickstart config (BENCH_ARGS: more overrides)
 	$(PY) scripts/bench_train.py experiment=quickstart $(BENCH_ARGS)
+
+# Where an ablation sweep writes (fixed once per make call, so both multiruns of ablation-gpu share it).
+SWEEP := $(or $(SWEEP),multirun/ablation/$(shell date +%Y-%m-%d_%H-%M-%S))
+ablation-gpu: data  ## sweep (a): 6 Transformer attention variants x 3 seeds on one GPU, one report in SWEEP
+	$(PY) train.py -m experiment=ablation_gpu attention=eager heads=mha,gqa,mqa seed=1,2,3 \
+		hydra.sweep.dir=$(SWEEP) '~hydra.callbacks.ablation_report'
+	$(PY) train.py -m experiment=ablation_gpu attention=flash,sparse,linear seed=1,2,3 hydra.sweep.dir=$(SWEEP)
+
+ablation-rnn: data  ## sweep (b): the 4 RNN attention mechanisms x 3 seeds, 3 min each, report in SWEEP
+	$(PY) train.py -m experiment=ablation_rnn attention=additive,luong_dot,luong_general,luong_concat \
+		seed=1,2,3 hydra.sweep.dir=$(SWEEP)
 
 clean:  ## remove caches and run outputs (keeps data/ and the venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache
