@@ -26,8 +26,8 @@ class Trial:
     checkpoint: str
     beam: int
     alpha: float
-    bleu: float  # cased validation BLEU: what val/bleu and best.ckpt are chosen by
-    bleu_lc: float
+    bleu: float  # cased validation BLEU (val/bleu)
+    bleu_lc: float  # lowercased (val/bleu_lc)
 
     def as_dict(self) -> dict[str, str | int | float]:
         return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -63,9 +63,14 @@ def validation_trials(
     return trials
 
 
-def best_trial(trials: Sequence[Trial]) -> Trial:
-    """The trial with the highest validation BLEU; on a tie the earliest (the best checkpoint and the
-    first settings come first, so a tie keeps the simpler choice)."""
+METRICS = ("bleu", "bleu_lc")  # what validation can maximise: cased or lowercased BLEU
+
+
+def best_trial(trials: Sequence[Trial], metric: str = "bleu") -> Trial:
+    """The trial with the highest validation ``metric`` (``bleu`` or ``bleu_lc``); on a tie the earliest
+    (the best checkpoint and the first settings come first, so a tie keeps the simpler choice)."""
     if not trials:
         raise ValueError("best_trial needs at least one trial")
-    return max(trials, key=lambda trial: trial.bleu)  # max keeps the first of equal keys
+    if metric not in METRICS:
+        raise ValueError(f"unknown selection metric {metric!r}; valid: {', '.join(METRICS)}")
+    return max(trials, key=lambda trial: getattr(trial, metric))  # max keeps the first of equal keys

@@ -32,7 +32,7 @@ from app.data.sources import load_corpora
 from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
 from app.hardware import machine_description, resolve_precision
 from app.inference.evaluate import Evaluation, evaluate
-from app.inference.selection import best_trial, search_grid, validation_trials
+from app.inference.selection import METRICS, best_trial, search_grid, validation_trials
 from app.inference.translator import SearchSettings
 from app.io import atomic_write
 from app.models import build_model
@@ -173,8 +173,8 @@ def score_on_test(
     The candidates are ``best_checkpoint`` and, with ``selection.average_last=N``, the average of the
     run's newest N step checkpoints (written to ``checkpoints/averaged.ckpt``); each decodes the
     validation set with every combination of ``selection.beam`` x ``selection.alpha`` (``test_search``
-    for the rest). The best validation BLEU wins. Returns the test evaluation and, when there was a
-    choice, ``{"selection": {...}}`` with every trial for results.json.
+    for the rest). The best validation ``selection.metric`` (cased or lowercased BLEU) wins. Returns the
+    test evaluation and, when there was a choice, ``{"selection": {...}}`` with every trial for results.json.
     """
     settings = SearchSettings(**OmegaConf.to_container(cfg.test_search, resolve=True))
     choice = cfg.get("selection") or {}
@@ -185,9 +185,11 @@ def score_on_test(
     if len(candidates) * len(grid) > 1:
         valid = to_parallel_text(corpora["valid"])
         trials = validation_trials(candidates, grid, valid.src, valid.tgt, device=device)
-        chosen = best_trial(trials)
+        chosen = best_trial(trials, validation_metric(cfg))
         best_checkpoint, settings = chosen.checkpoint, replace(settings, beam=chosen.beam, alpha=chosen.alpha)
-        selection = {"selection": {"chosen": chosen.as_dict(), "trials": [t.as_dict() for t in trials]}}
+        trials_made = [t.as_dict() for t in trials]
+        metric = validation_metric(cfg)
+        selection = {"selection": {"metric": metric, "chosen": chosen.as_dict(), "trials": trials_made}}
         log.info("chosen on validation: %s", json.dumps(selection["selection"]["chosen"]))
     test = to_parallel_text(corpora["test"])
     evaluation = evaluate(
@@ -327,7 +329,7 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     best = ModelCheckpoint(
         dirpath=directory,
         filename="best",
-        monitor="val/bleu",
+        monitor=f"val/{validation_metric(cfg)}",
         mode="max",
         save_last=True,
         save_top_k=1,
@@ -364,7 +366,7 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     if cfg.early_stopping.patience:
         callbacks.append(
             EarlyStopping(
-                monitor="val/bleu",
+                monitor=f"val/{validation_metric(cfg)}",
                 mode="max",
                 patience=cfg.early_stopping.patience,
                 check_on_train_epoch_end=False,
@@ -376,12 +378,21 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     return callbacks
 
 
+def validation_metric(cfg: DictConfig) -> str:
+    """What validation maximises (``selection.metric``): best.ckpt, early stopping and the decoding grid."""
+    return (cfg.get("selection") or {}).get("metric") or "bleu"
+
+
 def check_selection(cfg: DictConfig) -> None:
     """Refuse, before training, a ``selection`` that could not be carried out after it."""
     choice = cfg.get("selection") or {}
-    unknown = sorted(set(choice) - {"average_last", "beam", "alpha"})
+    unknown = sorted(set(choice) - {"average_last", "beam", "alpha", "metric"})
     if unknown:
-        raise ValueError(f"unknown selection option(s) {unknown}; valid options: alpha, average_last, beam")
+        raise ValueError(
+            f"unknown selection option(s) {unknown}; valid options: alpha, average_last, beam, metric"
+        )
+    if validation_metric(cfg) not in METRICS:
+        raise ValueError(f"selection.metric={choice.get('metric')!r}; valid choices: {', '.join(METRICS)}")
     for key in ("beam", "alpha"):
         values = choice.get(key)
         if values is not None and (isinstance(values, (str, int, float)) or not len(values)):

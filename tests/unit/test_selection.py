@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers.training import compose_train
 from sacrebleu.metrics import BLEU
@@ -28,8 +30,11 @@ def test_best_trial_takes_the_highest_bleu_and_the_first_of_a_tie() -> None:
         Trial("averaged.ckpt", 8, 1.0, bleu=31.5, bleu_lc=32.9),
     ]
     assert best_trial(trials) is trials[1]
+    assert best_trial(trials, "bleu_lc") is trials[2]  # a case-folded recipe is chosen on lowercased BLEU
     with pytest.raises(ValueError, match="at least one"):
         best_trial([])
+    with pytest.raises(ValueError, match="valid: bleu, bleu_lc"):
+        best_trial(trials, "chrf")
 
 
 @pytest.mark.parametrize(
@@ -46,6 +51,7 @@ def test_best_trial_takes_the_highest_bleu_and_the_first_of_a_tie() -> None:
         (["selection.beam=5"], r"selection.beam must be a non-empty list"),
         (["selection.alpha=[]"], r"selection.alpha must be a non-empty list"),
         (["+selection.beams=[4]"], r"unknown selection option\(s\) \['beams'\]; valid options: alpha"),
+        (["selection.metric=chrf"], r"selection.metric='chrf'; valid choices: bleu, bleu_lc"),
     ],
 )
 def test_a_selection_that_cannot_be_carried_out_is_refused(overrides: list[str], message: str) -> None:
@@ -56,7 +62,7 @@ def test_a_selection_that_cannot_be_carried_out_is_refused(overrides: list[str],
 
 def test_the_default_selection_and_the_best_recipes_are_accepted() -> None:
     check_selection(compose_train([]))
-    for experiment in ("multi30k_best_de_en", "multi30k_best_en_de"):
+    for experiment in ("multi30k_best_de_en", "multi30k_best_en_de", "multi30k_best_en_de_lc"):
         cfg = compose_train([f"experiment={experiment}"])
         check_selection(cfg)
         assert cfg.selection.average_last <= cfg.checkpoint.keep_last
@@ -82,3 +88,15 @@ def test_moses_tokens_differ_from_sacrebleu_13a() -> None:
     assert moses_bleu_lc(hypotheses, references, "en") != pytest.approx(
         corpus_scores(hypotheses, references).bleu_lc
     )
+
+
+def test_the_validation_metric_also_picks_best_ckpt_and_stops_early(tmp_path: Path) -> None:
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    from app.training.task import checkpoint_callbacks, training_callbacks
+
+    for metric in ("bleu", "bleu_lc"):
+        cfg = compose_train([f"selection.metric={metric}", "early_stopping.patience=3"])
+        assert checkpoint_callbacks(cfg, tmp_path)[0].monitor == f"val/{metric}"
+        stopping = [c for c in training_callbacks(cfg, tmp_path) if isinstance(c, EarlyStopping)]
+        assert [c.monitor for c in stopping] == [f"val/{metric}"]
