@@ -71,6 +71,7 @@ def test_report_rows_files_and_a_failed_job(tmp_path: Path) -> None:
         for seed in (1, 2):
             make_job(sweep, variant, seed)
     make_job(sweep, "gqa", 3, finished=False, log="Traceback (most recent call last):\nRuntimeError: boom\n")
+    (sweep / "multirun.yaml").write_text("hydra:\n  launcher:\n    n_jobs: 2\n")
     completed = report(str(sweep))
     assert completed.returncode == 0, completed.stderr
     for name in ("report.md", "report.html", "report.csv", "report.json", "group1_curves.png"):
@@ -96,7 +97,7 @@ def test_report_rows_files_and_a_failed_job(tmp_path: Path) -> None:
     assert " ± " in sdpa and sdpa.count(" | ") == 8  # the headline row comes first: 9 columns
     assert rows["sdpa kv=2"]["p_value_seeds"] and rows["eager"]["p_value_seeds"] == ""
     # the machine the runs recorded, not the one writing the report; the sweep's jobs at a time
-    assert "- trained on: Test CPU 9000 (2 threads), torch 2.x" in markdown
+    assert "- trained on: Test CPU 9000 (2 threads), torch 2.x; 2 job(s) at a time" in markdown
     assert "data:image/png;base64," in (sweep / "report.html").read_text()
     first = {p.name: p.read_bytes() for p in sweep.iterdir() if p.is_file()}
     assert report(str(sweep)).returncode == 0
