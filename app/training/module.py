@@ -22,7 +22,7 @@ from app.inference.translator import SearchSettings, Translator
 from app.models.seq2seq import Seq2Seq
 from app.training.distributed import gather_objects
 from app.training.losses import label_smoothed_nll
-from app.training.optim import build_optimizer
+from app.training.optim import build_optimizer, schedule_factor
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ class TranslationModule(pl.LightningModule):
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         warmup_steps: int = 4000,
+        schedule: str = "inverse_sqrt",
+        decay_steps: int | None = None,
         fused: bool = False,
         valid_search: SearchSettings | None = None,
         nonfinite_loss: str = "stop",
@@ -81,7 +83,10 @@ class TranslationModule(pl.LightningModule):
             "eps": eps,
             "warmup": warmup_steps,
             "fused": fused,
+            "schedule": schedule,
+            "decay_steps": decay_steps,
         }
+        schedule_factor(schedule, warmup_steps, decay_steps)  # a bad schedule fails here, not after data prep
         if nonfinite_loss not in NONFINITE_POLICIES:
             choices = ", ".join(NONFINITE_POLICIES)
             raise ValueError(f"nonfinite_loss={nonfinite_loss!r}; valid choices: {choices}")

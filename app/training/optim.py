@@ -1,8 +1,20 @@
-"""Optimizer and learning-rate schedule (Vaswani et al. 2017, section 5.3)."""
+"""Optimizer and learning-rate schedules.
+
+Every schedule warms up linearly to the peak rate, then decays:
+
+- ``inverse_sqrt`` (Vaswani et al. 2017, section 5.3): proportional to 1/sqrt(step), without an end;
+- ``cosine``: half a cosine from the peak down to zero at ``decay_steps``, then zero;
+- ``linear``: a straight line from the peak down to zero at ``decay_steps``, then zero.
+
+The two that end suit a fixed budget: set ``decay_steps`` to the steps it buys (``trainer.max_steps``),
+so the last updates are small ones instead of the noisy steps inverse_sqrt still takes at its end.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -17,6 +29,48 @@ def inverse_sqrt_factor(step: int, warmup: int) -> float:
     return math.sqrt(warmup / step)
 
 
+def _decay_progress(step: int, warmup: int, decay_steps: int) -> float:
+    """How far ``step`` is through the decay phase (warmup..decay_steps), clamped to [0, 1]."""
+    return min(max((step - warmup) / max(decay_steps - warmup, 1), 0.0), 1.0)
+
+
+def cosine_factor(step: int, warmup: int, decay_steps: int) -> float:
+    """Linear warm-up to 1, then half a cosine down to 0 at ``decay_steps`` (0 after it)."""
+    step = max(step, 1)
+    if step < warmup:
+        return step / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * _decay_progress(step, warmup, decay_steps)))
+
+
+def linear_factor(step: int, warmup: int, decay_steps: int) -> float:
+    """Linear warm-up to 1, then a straight line down to 0 at ``decay_steps`` (0 after it)."""
+    step = max(step, 1)
+    if step < warmup:
+        return step / warmup
+    return 1.0 - _decay_progress(step, warmup, decay_steps)
+
+
+SCHEDULES: dict[str, Callable[..., float]] = {
+    "inverse_sqrt": inverse_sqrt_factor,
+    "cosine": cosine_factor,
+    "linear": linear_factor,
+}
+
+
+def schedule_factor(schedule: str, warmup: int, decay_steps: int | None) -> Callable[[int], float]:
+    """The learning-rate multiplier by optimizer step; a clear error for an unknown or incomplete choice."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"optim.schedule={schedule!r}; valid choices: {', '.join(SCHEDULES)}")
+    if schedule == "inverse_sqrt":
+        return partial(inverse_sqrt_factor, warmup=warmup)
+    if decay_steps is None or decay_steps <= warmup:
+        raise ValueError(
+            f"optim.schedule={schedule} decays to zero at optim.decay_steps, which must be an integer above "
+            f"optim.warmup_steps={warmup} (got {decay_steps}), e.g. trainer.max_steps"
+        )
+    return partial(SCHEDULES[schedule], warmup=warmup, decay_steps=decay_steps)
+
+
 def build_optimizer(
     model: nn.Module,
     *,
@@ -26,8 +80,10 @@ def build_optimizer(
     eps: float,
     warmup: int,
     fused: bool = False,
+    schedule: str = "inverse_sqrt",
+    decay_steps: int | None = None,
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
-    """AdamW without decay on biases and norms, and its inverse-sqrt warm-up schedule.
+    """AdamW without decay on biases and norms, and its warm-up schedule (see the module docstring).
 
     ``fused`` runs the whole update as one kernel per parameter group (CPU and CUDA) instead of a few
     multi-tensor ("foreach") kernels: the same arithmetic with less memory traffic.
@@ -38,5 +94,5 @@ def build_optimizer(
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     kernel = {"fused": True} if fused else {"foreach": True}
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **kernel)
-    scheduler = LambdaLR(optimizer, lambda step: inverse_sqrt_factor(step, warmup))
+    scheduler = LambdaLR(optimizer, schedule_factor(schedule, warmup, decay_steps))
     return optimizer, scheduler

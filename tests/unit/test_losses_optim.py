@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -10,7 +11,14 @@ from torch import Tensor
 
 from app.models import Transformer
 from app.training.losses import label_smoothed_nll
-from app.training.optim import build_optimizer, inverse_sqrt_factor
+from app.training.optim import (
+    SCHEDULES,
+    build_optimizer,
+    cosine_factor,
+    inverse_sqrt_factor,
+    linear_factor,
+    schedule_factor,
+)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -103,6 +111,55 @@ def test_inverse_sqrt_factor_warmup_then_decay() -> None:
     assert inverse_sqrt_factor(16, warmup) == pytest.approx(0.5)
     assert inverse_sqrt_factor(400, warmup) == pytest.approx(0.1)
     assert inverse_sqrt_factor(1, 1) == 1.0
+
+
+def test_cosine_and_linear_warm_up_then_reach_zero_at_decay_steps() -> None:
+    warmup, end = 4, 12
+    for factor in (cosine_factor, linear_factor):
+        assert [factor(s, warmup, end) for s in range(5)] == pytest.approx([0.25, 0.25, 0.5, 0.75, 1.0])
+        assert factor(8, warmup, end) == pytest.approx(0.5)  # halfway through the decay, for both shapes
+        assert factor(end, warmup, end) == 0.0 and factor(end + 100, warmup, end) == 0.0
+        decay = [factor(s, warmup, end) for s in range(warmup, end + 1)]
+        assert decay == sorted(decay, reverse=True)
+    assert cosine_factor(6, warmup, end) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert linear_factor(6, warmup, end) == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "decay_steps", "message"),
+    [
+        ("cosin", 100, "valid choices: inverse_sqrt, cosine, linear"),
+        ("cosine", None, "optim.decay_steps"),
+        ("linear", 4, "above optim.warmup_steps=4"),
+    ],
+)
+def test_schedule_errors_name_the_key_and_the_choices(
+    schedule: str, decay_steps: int | None, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        schedule_factor(schedule, 4, decay_steps)
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_scheduler_follows_the_chosen_factor(
+    schedule: str, make_transformer: Callable[..., Transformer]
+) -> None:
+    optimizer, scheduler = build_optimizer(
+        make_transformer(),
+        lr=2e-3,
+        weight_decay=0.0,
+        betas=(0.9, 0.98),
+        eps=1e-9,
+        warmup=3,
+        schedule=schedule,
+        decay_steps=9,
+    )
+    seen = []
+    for _ in range(12):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([2e-3 * schedule_factor(schedule, 3, 9)(s) for s in range(12)])
 
 
 def test_scheduler_follows_the_factor(make_transformer: Callable[..., Transformer]) -> None:
