@@ -2,6 +2,7 @@
 
     python scripts/plot_curves.py docs/results/m30k_transformer_de_en docs/results/m30k_transformer_en_de \
         -o docs/figures/multi30k_transformer_curves.png
+    python scripts/plot_curves.py RUN_A RUN_B --metric bleu_lc -o curves.png   # lowercased validation BLEU
 
 Minutes come from the ``time/elapsed_min`` metric that training logs with every validation, or for older
 runs from their ``wallclock.csv`` (see :mod:`app.reports.runs`). The figure: :mod:`app.reports.curves`.
@@ -15,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.inference.selection import METRICS
 from app.reports.curves import plot_curves
 from app.reports.runs import Run, read_metrics
 
@@ -23,10 +25,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (with csv/metrics.csv)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
+    parser.add_argument("--metric", choices=METRICS, default="bleu", help="validation BLEU to plot")
     args = parser.parse_args()
     # Only the metrics are needed: older committed runs may lack .hydra/config.yaml.
     runs = [Run(path=p, config={}, metrics=read_metrics(p), results=None, log_tail="") for p in args.runs]
-    print(f"wrote {plot_curves(runs, args.output)}")
+    print(f"wrote {plot_curves(runs, args.output, args.metric)}")
 
 
 if __name__ == "__main__":

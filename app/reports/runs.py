@@ -156,10 +156,12 @@ def minutes_from_wallclock(run_dir: Path, steps: list[float]) -> list[float] | N
     return [float(m) for m in np.interp(steps, [s for _, s in samples], times)]
 
 
-def bleu_against_minutes(run_dir: Path, rows: list[dict[str, float]]) -> tuple[list[float], list[float]]:
-    """Validation BLEU by wall-clock minute: the logged ``time/elapsed_min``, else ``wallclock.csv``."""
-    minutes, bleu = series(rows, "time/elapsed_min", "val/bleu")
+def bleu_against_minutes(
+    run_dir: Path, rows: list[dict[str, float]], column: str = "val/bleu"
+) -> tuple[list[float], list[float]]:
+    """Validation BLEU (``column``) by minute: the logged ``time/elapsed_min``, else ``wallclock.csv``."""
+    minutes, bleu = series(rows, "time/elapsed_min", column)
     if minutes:
         return minutes, bleu
-    steps, bleu = series(rows, "step", "val/bleu")
+    steps, bleu = series(rows, "step", column)
     return (minutes_from_wallclock(run_dir, steps) or []), bleu

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from app.inference.selection import METRICS
+from app.reports.curves import BLEU_LABELS
 from app.reports.runs import bleu_against_minutes, read_metrics
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_curves.py"
@@ -42,3 +44,18 @@ def test_writes_the_png(tmp_path: Path) -> None:
     output = tmp_path / "fig" / "curves.png"
     subprocess.run([sys.executable, str(SCRIPT), str(run), "-o", str(output)], check=True)
     assert output.read_bytes().startswith(b"\x89PNG")
+
+
+def test_lowercased_bleu_is_plotted_from_its_own_column(tmp_path: Path) -> None:
+    run = write_run(
+        tmp_path / "lc", "step,train/nll,val/bleu,val/bleu_lc,time/elapsed_min", ["19,3.0,7.0,30.0,1.0"]
+    )
+    assert set(BLEU_LABELS) == set(METRICS)  # every metric validation can choose on can be plotted
+    assert bleu_against_minutes(run, read_metrics(run), "val/bleu_lc") == ([1.0], [30.0])
+    output = tmp_path / "lc.png"
+    subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--metric", "bleu_lc", "-o", str(output)], check=True
+    )
+    assert output.read_bytes().startswith(b"\x89PNG")
+    bad = subprocess.run([sys.executable, str(SCRIPT), str(run), "--metric", "chrf", "-o", str(output)])
+    assert bad.returncode == 2
