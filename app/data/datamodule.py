@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 from app.data.batch import Collator
 from app.data.batching import TokenBucketBatchSampler
 from app.data.corpus import keep_mask
-from app.data.encoded import EncodedPairs, encode_split
-from app.data.tokenizer import Tokenizer
+from app.data.encoded import EncodedPairs, ResampledPairs, encode_split
+from app.data.tokenizer import SubwordSampling, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,10 @@ class TranslationDataModule(pl.LightningDataModule):
     Training pairs that are empty, longer than ``max_len`` subwords or, with ``max_ratio``, more unequal
     in length than that are dropped (and counted). Evaluation splits are never filtered: a sequence
     longer than the model accepts (``max_positions`` including EOS/BOS) is truncated for the validation
-    loss, and counted in the log. ``num_workers`` DataLoader processes read and pad batches off the
-    training process.
+    loss, and counted in the log. With ``subword_sampling`` enabled, training batches carry a freshly
+    sampled segmentation of each pair (subword regularization); evaluation splits keep the one-best
+    segmentation the model is evaluated and used with. ``num_workers`` DataLoader processes read and pad
+    batches off the training process.
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class TranslationDataModule(pl.LightningDataModule):
         seed: int = 0,
         num_proc: int = 1,
         num_workers: int = 0,
+        subword_sampling: SubwordSampling | None = None,
     ) -> None:
         super().__init__()
         if num_workers < 0:
@@ -75,6 +78,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.cache_dir = Path(cache_dir)
         self.seed, self.num_proc, self.num_workers = seed, num_proc, num_workers
+        self.subword_sampling = subword_sampling or SubwordSampling()
         self.collate = Collator(
             pad_id=tgt_tokenizer.pad_id, bos_id=tgt_tokenizer.bos_id, eos_id=tgt_tokenizer.eos_id
         )
@@ -106,7 +110,8 @@ class TranslationDataModule(pl.LightningDataModule):
             )
 
     def _filter(self, encoded: datasets.Dataset) -> EncodedPairs:
-        """The training pairs that pass the length (and ratio) filter, decided on the length columns."""
+        """The training pairs that pass the length (and ratio) filter, decided on the one-best length
+        columns; re-segmented in every batch when subword sampling is on."""
         src_len, tgt_len = EncodedPairs(encoded).side_lengths()
         keep, counts = keep_mask(src_len, tgt_len, max_len=self.max_len, max_ratio=self.max_ratio)
         self.dropped_train_pairs = counts.dropped
@@ -118,7 +123,18 @@ class TranslationDataModule(pl.LightningDataModule):
         )
         if self.max_ratio is not None:
             log.info("training pairs: %d more dropped (length ratio > %g)", counts.ratio, self.max_ratio)
-        return EncodedPairs(encoded, rows=np.flatnonzero(keep))
+        rows = np.flatnonzero(keep)
+        if self.subword_sampling.enabled:
+            return ResampledPairs(
+                encoded,
+                self.corpora["train"],
+                (self.src_tokenizer, self.tgt_tokenizer),
+                self.subword_sampling,
+                seed=self.seed,
+                rows=rows,
+                truncate=self.max_positions - 1,
+            )
+        return EncodedPairs(encoded, rows=rows)
 
     def _truncate(self, split: str, encoded: datasets.Dataset) -> EncodedPairs:
         limit = self.max_positions - 1

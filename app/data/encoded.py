@@ -30,10 +30,10 @@ import pyarrow as pa
 from torch.utils.data import Dataset
 
 from app.data.corpus import TextColumn, TextDigest
-from app.data.tokenizer import Tokenizer
+from app.data.tokenizer import SubwordSampling, Tokenizer
 from app.training.distributed import launched_as_local_zero, wait_for_file
 
-__all__ = ["FORMAT_VERSION", "EncodedPairs", "encode_split", "encoding_key", "text_column"]
+__all__ = ["FORMAT_VERSION", "EncodedPairs", "ResampledPairs", "encode_split", "encoding_key", "text_column"]
 
 log = logging.getLogger(__name__)
 
@@ -221,16 +221,20 @@ class EncodedPairs(Dataset):
         (example,) = self.__getitems__([index])
         return example
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """A whole batch at once (DataLoader calls this with the sampler's batch): ids are views of the
-        memory-mapped table, copied only when the batch is padded."""
+    def _locate(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Example positions (negative ones counted from the end) and their table rows, range-checked."""
         positions = np.asarray(indices, dtype=np.int64)
         if positions.size and (positions.min() < -len(self) or positions.max() >= len(self)):
             raise IndexError(
                 f"indices out of range for {len(self)} examples: {positions.min()}..{positions.max()}"
             )
         positions = positions % max(len(self), 1)
-        rows = positions if self.rows is None else self.rows[positions]
+        return positions, (positions if self.rows is None else self.rows[positions])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """A whole batch at once (DataLoader calls this with the sampler's batch): ids are views of the
+        memory-mapped table, copied only when the batch is padded."""
+        positions, rows = self._locate(indices)
         src_column, tgt_column = self._id_columns()
         src, tgt = src_column.rows(rows), tgt_column.rows(rows)
         if self.truncate is not None:
@@ -262,6 +266,51 @@ class EncodedPairs(Dataset):
     def tgt(self) -> _IdsView:
         """Target ids of every example, as a lazy read-only sequence of arrays."""
         return _IdsView(self, 2)
+
+
+class ResampledPairs(EncodedPairs):
+    """Training pairs whose ids are a fresh sampled segmentation of their text in every batch served
+    (subword regularization; see :class:`app.data.tokenizer.SubwordSampling`).
+
+    The cached table still decides which pairs exist and how they are batched (its one-best lengths;
+    sampled segmentations are a little longer, so a batch may exceed the token budget by that much).
+    The draw is seeded by ``seed`` and the batch's rows, so a batch is the same in every run, in a
+    DataLoader worker or not, and a resumed run trains on exactly the batches it would have. Sampled
+    ids longer than ``truncate`` are cut to it (the model's positions).
+    """
+
+    def __init__(
+        self,
+        table: datasets.Dataset,
+        texts: datasets.Dataset,
+        tokenizers: tuple[Tokenizer, Tokenizer],
+        sampling: SubwordSampling,
+        *,
+        seed: int,
+        rows: np.ndarray | None = None,
+        truncate: int | None = None,
+    ) -> None:
+        super().__init__(table, rows=rows, truncate=truncate)
+        if texts.num_rows != table.num_rows:
+            raise ValueError(
+                f"{texts.num_rows} text pairs but {table.num_rows} encoded rows: not the same split"
+            )
+        self.texts, self.tokenizers, self.sampling, self.seed = texts, tokenizers, sampling, seed
+        self._text_columns: tuple[TextColumn, TextColumn] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_text_columns": None}
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        positions, rows = self._locate(indices)
+        if self._text_columns is None:
+            self._text_columns = (text_column(self.texts, "src"), text_column(self.texts, "tgt"))
+        rng = np.random.default_rng([self.seed, *rows.tolist()])
+        sides = []
+        for column, tokenizer in zip(self._text_columns, self.tokenizers, strict=True):
+            ids = tokenizer.encode_sampled(column.take(rows), self.sampling, rng)
+            sides.append([np.asarray(seq[: self.truncate], dtype=np.int32) for seq in ids])
+        return list(zip(positions.tolist(), *sides, strict=True))
 
 
 class _IdsView(Sequence[np.ndarray]):

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -29,6 +31,7 @@ __all__ = [
     "PAD_ID",
     "UNK_ID",
     "SubwordConfig",
+    "SubwordSampling",
     "Tokenizer",
     "TokenizerError",
     "train_or_load",
@@ -86,11 +89,59 @@ class SubwordConfig:
             )
 
 
+@dataclass(frozen=True)
+class SubwordSampling:
+    """Subword regularization (Kudo 2018): each training sentence is read in a segmentation drawn from
+    its ``nbest_size`` best unigram segmentations, with probability proportional to P(x) ** ``alpha``,
+    instead of always in the best one.
+
+    ``nbest_size``: 0 turns sampling off; n > 1 samples from the n best. ``alpha`` in (0, 1]: smaller
+    flattens the distribution (more, shorter pieces); 1 keeps the model's own probabilities. The draw
+    is ours, from a numpy generator, not sentencepiece's built-in sampler: that one cannot be seeded
+    reproducibly across processes, and an interrupted run must resume on the very same segmentations.
+    """
+
+    nbest_size: int = 0
+    alpha: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.nbest_size == 1 or self.nbest_size < 0:
+            raise TokenizerError(
+                "data.subword_sampling.nbest_size must be 0 (off) or > 1 (sample from the n best), "
+                f"got {self.nbest_size}"
+            )
+        if self.enabled and not 0.0 < self.alpha <= 1.0:
+            raise TokenizerError(f"data.subword_sampling.alpha must be in (0, 1], got {self.alpha}")
+
+    @classmethod
+    def from_config(cls, options: dict[str, Any] | None, model_type: str = "unigram") -> SubwordSampling:
+        """Settings from ``data.subword_sampling`` (None or absent: off), naming any unknown key; sampling
+        needs the n-best list of a unigram model (``model_type``, from ``data.subword.model_type``)."""
+        options = dict(options or {})
+        valid = [field.name for field in fields(cls)]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise TokenizerError(f"unknown key(s) {unknown} in data.subword_sampling; valid keys: {valid}")
+        sampling = cls(**options)
+        if sampling.enabled and model_type != "unigram":
+            raise TokenizerError(
+                f"data.subword_sampling needs data.subword.model_type=unigram, got {model_type!r} "
+                "(a BPE model has no n-best list to sample from)"
+            )
+        return sampling
+
+    @property
+    def enabled(self) -> bool:
+        """Whether training sentences are re-segmented (``nbest_size`` is not 0)."""
+        return self.nbest_size != 0
+
+
 class Tokenizer:
     """A loaded SentencePiece model with a batch API and the toolkit's fixed special ids."""
 
     def __init__(self, processor: spm.SentencePieceProcessor) -> None:
         self._sp = processor
+        self._piece_scores: np.ndarray | None = None  # (vocab,) unigram log-probabilities, on first use
         expected = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
         actual = {
             "pad": processor.pad_id(),
@@ -143,6 +194,35 @@ class Tokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Piece ids for each text, without BOS/EOS (the model code adds those where it needs them)."""
         return self._sp.encode(list(texts), out_type=int)
+
+    def encode_sampled(
+        self, texts: list[str], sampling: SubwordSampling, rng: np.random.Generator
+    ) -> list[list[int]]:
+        """One segmentation per text, drawn by ``rng`` from its n best (see :class:`SubwordSampling`).
+
+        A segmentation's unigram log-probability is the sum of its pieces' scores, so the weights
+        P(x) ** alpha need nothing from sentencepiece but the n-best list and the score table.
+        """
+        candidates = self._sp.nbest_encode(list(texts), nbest_size=sampling.nbest_size, out_type=int)
+        uniforms = rng.random(len(candidates))
+        return [
+            options[self._draw(options, sampling.alpha, uniform)]
+            for options, uniform in zip(candidates, uniforms, strict=True)
+        ]
+
+    def _draw(self, options: list[list[int]], alpha: float, uniform: float) -> int:
+        """Index of the segmentation that ``uniform`` picks, weighting each by exp(alpha * log P)."""
+        if len(options) < 2:
+            return 0
+        if self._piece_scores is None:
+            self._piece_scores = np.array([self._sp.get_score(i) for i in range(self.vocab_size)])
+        lengths = np.fromiter(map(len, options), dtype=np.int64, count=len(options))
+        flat = np.fromiter(itertools.chain.from_iterable(options), dtype=np.int64, count=int(lengths.sum()))
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        log_p = np.add.reduceat(self._piece_scores[flat], starts)  # (n,) every option has >= 1 piece
+        weights = np.exp(alpha * (log_p - log_p.max()))
+        cumulative = np.cumsum(weights)
+        return min(int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right")), len(options) - 1)
 
     def decode(self, ids: Iterable[Iterable[int]]) -> list[str]:
         """Detokenized text for each id sequence.

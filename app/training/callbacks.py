@@ -14,6 +14,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from app.data.batch import Batch
 from app.training.distributed import gather_objects
 
 log = logging.getLogger(__name__)
@@ -153,13 +154,23 @@ def weights_digest(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def tokens_digest(batch: Batch) -> str:
+    """SHA-1 of a batch's source and target id tensors (shapes included, through the padding)."""
+    digest = hashlib.sha1()
+    for ids in (batch.src, batch.tgt_out):
+        digest.update(str(tuple(ids.shape)).encode())
+        digest.update(ids.cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 class BatchTrace(pl.Callback):
     """Debugging aid (``debug.trace_batches=PATH``): one JSON line per training batch.
 
     Each line holds the optimizer step, epoch, batch index, learning rate, loss, the example ids of the
-    batch, a digest of the torch generator's state (the dropout stream) and a digest of the weights after
-    the step (a pass over all weights: debugging only), so two
-    runs (an interrupted-and-resumed one and an uninterrupted one, say) can be compared batch by batch.
+    batch, a digest of its padded token ids (what the model read: they change between epochs under
+    subword sampling), a digest of the torch generator's state (the dropout stream) and a digest of the
+    weights after the step (a pass over all weights: debugging only), so two runs (an
+    interrupted-and-resumed one and an uninterrupted one, say) can be compared batch by batch.
     Every rank writes its own file: ``PATH`` on rank 0, ``PATH.rank<r>`` elsewhere.
     Lines are flushed at once so that a killed run leaves every finished batch in the file.
     """
@@ -186,6 +197,7 @@ class BatchTrace(pl.Callback):
             "lr": trainer.optimizers[0].param_groups[0]["lr"],
             "loss": None if loss is None else float(loss),
             "ids": batch.index.tolist(),
+            "tokens": tokens_digest(batch),
             "weights": weights_digest(pl_module),
             "rng": hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest(),  # dropout stream
         }

@@ -29,7 +29,7 @@ from app.data.corpus import to_parallel_text
 from app.data.datamodule import TranslationDataModule
 from app.data.encoded import text_column
 from app.data.sources import load_corpora
-from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
+from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, train_or_load
 from app.hardware import machine_description, resolve_precision
 from app.inference.evaluate import Evaluation, evaluate
 from app.inference.selection import METRICS, best_trial, search_grid, validation_trials
@@ -123,6 +123,9 @@ def build_run(cfg: DictConfig) -> Run:
         seed=cfg.seed,
         num_proc=cfg.data.get("num_proc", 1),
         num_workers=cfg.data.get("num_workers", 0),
+        subword_sampling=SubwordSampling.from_config(
+            config["data"].get("subword_sampling"), config["data"]["subword"].get("model_type", "unigram")
+        ),
     )
     module = TranslationModule(
         model=model,

@@ -155,7 +155,12 @@ def kill_when_traced(command: list[str], trace: Path, batches: int, timeout: flo
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_exactly(multi30k_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "sampling", [[], ["data.subword_sampling.nbest_size=8"]], ids=["one_best", "subword_sampling"]
+)
+def test_killed_run_resumes_exactly(multi30k_dir: Path, tmp_path: Path, sampling: list[str]) -> None:
+    """The resumed run trains on the same batches (ids and, under subword sampling, the same sampled
+    segmentations), with the same learning rates, losses, dropout stream and weights, step by step."""
     corpus = write_corpus_slice(
         multi30k_dir, tmp_path / "m30k", {"train": 400, "val": 40, "test_2016_flickr": 20}
     )
@@ -165,6 +170,7 @@ def test_killed_run_resumes_exactly(multi30k_dir: Path, tmp_path: Path) -> None:
         "trainer.deterministic=true",
         "num_threads=1",
         "early_stopping.patience=0",
+        *sampling,
     ]
 
     def overrides(name: str) -> list[str]:
