@@ -34,6 +34,7 @@ __all__ = [
     "SubwordSampling",
     "Tokenizer",
     "TokenizerError",
+    "settings_from_config",
     "train_or_load",
 ]
 
@@ -54,6 +55,17 @@ _SAMPLE_CHUNK = 10_000  # sentences fetched per Arrow call while streaming the t
 
 class TokenizerError(ValueError):
     """Invalid subword settings, or a model that cannot be trained or loaded with them."""
+
+
+def settings_from_config(cls: type, options: dict[str, Any] | None, where: str) -> Any:
+    """``cls(**options)`` for a settings dataclass, naming the config section and the valid keys when a
+    key is unknown (instead of Python's "unexpected keyword argument")."""
+    options = dict(options or {})
+    valid = [field.name for field in fields(cls)]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TokenizerError(f"unknown key(s) {unknown} in {where}; valid keys: {valid}")
+    return cls(**options)
 
 
 @dataclass(frozen=True)
@@ -117,12 +129,7 @@ class SubwordSampling:
     def from_config(cls, options: dict[str, Any] | None, model_type: str = "unigram") -> SubwordSampling:
         """Settings from ``data.subword_sampling`` (None or absent: off), naming any unknown key; sampling
         needs the n-best list of a unigram model (``model_type``, from ``data.subword.model_type``)."""
-        options = dict(options or {})
-        valid = [field.name for field in fields(cls)]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise TokenizerError(f"unknown key(s) {unknown} in data.subword_sampling; valid keys: {valid}")
-        sampling = cls(**options)
+        sampling = settings_from_config(cls, options, "data.subword_sampling")
         if sampling.enabled and model_type != "unigram":
             raise TokenizerError(
                 f"data.subword_sampling needs data.subword.model_type=unigram, got {model_type!r} "

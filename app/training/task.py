@@ -29,7 +29,7 @@ from app.data.corpus import to_parallel_text
 from app.data.datamodule import TranslationDataModule
 from app.data.encoded import text_column
 from app.data.sources import load_corpora
-from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, train_or_load
+from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, settings_from_config, train_or_load
 from app.hardware import machine_description, resolve_precision
 from app.inference.evaluate import Evaluation, evaluate
 from app.inference.selection import METRICS, best_trial, search_grid, validation_trials
@@ -273,7 +273,7 @@ def subword_tokenizers(data_cfg: dict[str, Any], train: datasets.Dataset) -> tup
     return train_or_load(
         src_texts=text_column(train, "src"),
         tgt_texts=text_column(train, "tgt"),
-        config=SubwordConfig(**data_cfg["subword"]),
+        config=settings_from_config(SubwordConfig, data_cfg["subword"], "data.subword"),
         cache_dir=Path(data_cfg["cache_dir"]) / "spm",
         corpus_key=f"{data_cfg['src_lang']}-{data_cfg['tgt_lang']}",
     )

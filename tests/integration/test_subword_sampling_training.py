@@ -51,10 +51,17 @@ def test_sampling_changes_the_segmentations_not_the_batches(corpus_slice: Path, 
     assert [r["tokens"] for r in again] == [r["tokens"] for r in sampled]  # reproducible from the seed
 
 
-def test_a_bad_sampling_setting_fails_before_training(corpus_slice: Path, tmp_path: Path) -> None:
-    overrides = tiny_overrides(
-        corpus_slice, tmp_path / "run", tmp_path / "cache", "data.subword_sampling.nbest_size=1"
-    )
-    with pytest.raises(TokenizerError, match=r"data.subword_sampling.nbest_size must be 0 \(off\)"):
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.subword_sampling.nbest_size=1", r"data.subword_sampling.nbest_size must be 0 \(off\)"),
+        ("+data.subword.vocab=8", r"unknown key\(s\) \['vocab'\] in data.subword; valid keys"),
+    ],
+)
+def test_a_bad_subword_setting_fails_before_training(
+    corpus_slice: Path, tmp_path: Path, override: str, message: str
+) -> None:
+    overrides = tiny_overrides(corpus_slice, tmp_path / "run", tmp_path / "cache", override)
+    with pytest.raises(TokenizerError, match=message):
         train(compose_train(overrides))
     assert not (tmp_path / "run" / "checkpoints").exists()

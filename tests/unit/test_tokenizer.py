@@ -17,6 +17,7 @@ from app.data.tokenizer import (
     SubwordConfig,
     Tokenizer,
     TokenizerError,
+    settings_from_config,
     train_or_load,
 )
 
@@ -172,6 +173,16 @@ def test_too_large_bpe_vocab_is_a_clear_error(tmp_path: Path) -> None:
             src_texts=["a b c"], tgt_texts=["d e f"], config=config, cache_dir=tmp_path, corpus_key="k"
         )
     assert not list(tmp_path.iterdir())
+
+
+def test_an_unknown_subword_key_names_the_section_and_the_valid_keys() -> None:
+    with pytest.raises(
+        TokenizerError, match=r"unknown key\(s\) \['vocab'\] in data.subword; valid keys: \['model_type'"
+    ):
+        settings_from_config(SubwordConfig, {"vocab": 8000}, "data.subword")
+    assert settings_from_config(SubwordConfig, {"vocab_size": 60}, "data.subword") == SubwordConfig(
+        vocab_size=60
+    )
 
 
 def test_invalid_config_messages() -> None:
