@@ -55,3 +55,17 @@ def label_smoothed_nll(
     flat_logits = logits.reshape(-1, logits.size(-1))
     loss, nll = _SmoothedCrossEntropy.apply(flat_logits, target.reshape(-1), float(epsilon), int(pad_id))
     return loss, nll
+
+
+def symmetric_kl(logits_a: Tensor, logits_b: Tensor, target: Tensor, *, pad_id: int) -> Tensor:
+    """Summed  KL(p_a || p_b) + KL(p_b || p_a)  over the non-padding positions of ``target``.
+
+    ``logits_a``, ``logits_b`` (B, T, V) are two predictions of the same targets ``target`` (B, T), e.g.
+    two passes with different dropout masks (R-Drop, Liang et al. 2021). Both directions of the KL
+    together are  sum_v (p_a - p_b) * (log p_a - log p_b), one expression with no division.
+    """
+    dtype = torch.float64 if logits_a.dtype == torch.float64 else torch.float32
+    log_a = torch.log_softmax(logits_a.to(dtype), dim=-1)  # (B, T, V)
+    log_b = torch.log_softmax(logits_b.to(dtype), dim=-1)
+    per_token = ((log_a.exp() - log_b.exp()) * (log_a - log_b)).sum(dim=-1)  # (B, T)
+    return (per_token * target.ne(pad_id)).sum()

@@ -21,7 +21,7 @@ from app.inference.metrics import corpus_scores
 from app.inference.translator import SearchSettings, Translator
 from app.models.seq2seq import Seq2Seq
 from app.training.distributed import gather_objects
-from app.training.losses import label_smoothed_nll
+from app.training.losses import label_smoothed_nll, symmetric_kl
 from app.training.optim import build_optimizer, schedule_factor
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class TranslationModule(pl.LightningModule):
         tgt_tokenizer: Tokenizer,
         config: dict[str, Any],
         label_smoothing: float = 0.1,
+        rdrop_alpha: float = 0.0,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -76,6 +77,9 @@ class TranslationModule(pl.LightningModule):
         self.translator = Translator(model, src_tokenizer, tgt_tokenizer)
         self.config = config  # the resolved run config, stored in every checkpoint
         self.label_smoothing = label_smoothing
+        if rdrop_alpha < 0:
+            raise ValueError(f"optim.rdrop_alpha={rdrop_alpha}; it must be >= 0 (0: off)")
+        self.rdrop_alpha = rdrop_alpha
         self.optim_args = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -111,6 +115,22 @@ class TranslationModule(pl.LightningModule):
         )
         return loss, nll, batch.num_target_tokens
 
+    def _rdrop_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """R-Drop (Liang et al. 2021): the batch twice, in one pass, under two dropout masks.
+
+        Per target token the loss is half the paper's: (CE_1 + CE_2) / 2 + rdrop_alpha * (KL(p_1||p_2) +
+        KL(p_2||p_1)) / 4, where ``rdrop_alpha`` is the paper's alpha. Halving keeps token counts, logging
+        and gradient scaling those of one copy: without dropout both copies agree, the KL is 0 and the
+        loss is the plain one. It costs a second forward and backward pass per batch.
+        """
+        rows = batch.src.size(0)
+        logits = self.model(batch.src.repeat(2, 1), batch.tgt_in.repeat(2, 1))  # (2B, T, V)
+        loss, nll = label_smoothed_nll(
+            logits, batch.tgt_out.repeat(2, 1), epsilon=self.label_smoothing, pad_id=self.pad_id
+        )
+        kl = symmetric_kl(logits[:rows], logits[rows:], batch.tgt_out, pad_id=self.pad_id)
+        return loss / 2 + self.rdrop_alpha * kl / 4, nll / 2, batch.num_target_tokens
+
     def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` summed over all ranks (unchanged in a single process)."""
         if self.trainer.world_size == 1:
@@ -118,7 +138,7 @@ class TranslationModule(pl.LightningModule):
         return self.trainer.strategy.reduce(values.clone(), reduce_op="sum")
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor] | None:
-        loss, nll, ntok = self._losses(batch)
+        loss, nll, ntok = self._rdrop_losses(batch) if self.rdrop_alpha > 0 else self._losses(batch)
         # (4,) summed over ranks: loss, nll, target tokens, source + target tokens of this step's batches
         counts = torch.tensor([ntok, batch.num_tokens], dtype=torch.float32, device=loss.device)
         totals = self._sum_over_ranks(torch.cat([torch.stack([loss.detach().float(), nll.float()]), counts]))

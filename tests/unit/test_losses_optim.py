@@ -1,4 +1,4 @@
-"""Tests for app.training.losses (label-smoothed NLL) and app.training.optim (groups, lr schedule)."""
+"""Tests for app.training.losses (label smoothing, R-Drop's KL) and app.training.optim (groups, schedule)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from app.models import Transformer
-from app.training.losses import label_smoothed_nll
+from app.training.losses import label_smoothed_nll, symmetric_kl
 from app.training.optim import (
     SCHEDULES,
     build_optimizer,
@@ -103,6 +103,46 @@ def test_low_precision_logits_give_a_float32_loss_and_matching_gradients() -> No
     loss_full.backward()
     assert half.grad.dtype == torch.bfloat16
     torch.testing.assert_close(half.grad.float(), full.grad, rtol=1e-2, atol=1e-2)
+
+
+def hand_written_symmetric_kl(logits_a: Tensor, logits_b: Tensor, target: Tensor) -> Tensor:
+    """KL(p_a || p_b) + KL(p_b || p_a) summed over real targets, one term at a time."""
+    log_a, log_b = torch.log_softmax(logits_a.double(), -1), torch.log_softmax(logits_b.double(), -1)
+    total = log_a.new_zeros(())
+    for b in range(target.size(0)):
+        for t in range(target.size(1)):
+            if int(target[b, t]) == PAD:
+                continue
+            pa, pb = log_a[b, t].exp(), log_b[b, t].exp()
+            total = (
+                total + (pa * (log_a[b, t] - log_b[b, t])).sum() + (pb * (log_b[b, t] - log_a[b, t])).sum()
+            )
+    return total
+
+
+def test_symmetric_kl_matches_the_formula_and_its_gradient() -> None:
+    logits_a, target = random_logits_and_targets()
+    logits_b = logits_a + torch.randn(
+        logits_a.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    inputs = [logits_a.clone().requires_grad_(), logits_b.clone().requires_grad_()]
+    references = [logits_a.clone().requires_grad_(), logits_b.clone().requires_grad_()]
+    value = symmetric_kl(*inputs, target, pad_id=PAD)
+    expected = hand_written_symmetric_kl(*references, target)
+    assert value.item() == pytest.approx(expected.item(), rel=1e-10)
+    assert value.item() > 0.1
+    value.backward()
+    expected.backward()
+    for got, want in zip(inputs, references, strict=True):
+        torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_symmetric_kl_is_zero_for_equal_predictions_and_ignores_padding() -> None:
+    logits, target = random_logits_and_targets()
+    assert symmetric_kl(logits, logits.clone(), target, pad_id=PAD).item() == 0.0
+    other = logits.clone()
+    other[target == PAD] = torch.randn(int((target == PAD).sum()), logits.size(-1), dtype=logits.dtype) * 5
+    assert symmetric_kl(logits, other, target, pad_id=PAD).item() == 0.0
 
 
 def test_inverse_sqrt_factor_warmup_then_decay() -> None:
