@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from app.models import Transformer
-from app.training.losses import label_smoothed_nll, symmetric_kl
+from app.training.losses import _SymmetricKL, label_smoothed_nll, symmetric_kl
 from app.training.optim import (
     SCHEDULES,
     build_optimizer,
@@ -120,7 +120,11 @@ def hand_written_symmetric_kl(logits_a: Tensor, logits_b: Tensor, target: Tensor
     return total
 
 
-def test_symmetric_kl_matches_the_formula_and_its_gradient() -> None:
+@pytest.mark.parametrize("block_floats", [1 << 18, 14])  # all 15 rows in one block, or 2 rows per block
+def test_symmetric_kl_matches_the_formula_and_its_gradient(
+    block_floats: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_SymmetricKL, "CACHE_FLOATS", block_floats)
     logits_a, target = random_logits_and_targets()
     logits_b = logits_a + torch.randn(
         logits_a.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64
