@@ -12,7 +12,8 @@ and the peers' reports. Nothing is validated or checkpointed.
 
 MFU (model FLOP utilisation) = model FLOPs per second / measured matrix-product peak. Model FLOPs are
 counted from the model's shapes on the real lengths of every batch (``app/models/flops.py``: 3 x the
-forward pass, dense attention, padding excluded); the peak is the best of a bf16 and an fp32 matrix
+forward pass, dense attention, padding excluded; twice with R-Drop, which runs the model over each batch
+twice, while its tokens count once); the peak is the best of a bf16 and an fp32 matrix
 product timed on the training device right before and after training (on a CPU 2048 x 2048 on the same
 threads, on a GPU 8192 x 8192; ``app.hardware.matmul_peak_tflops``). ``mfu`` divides by the peak of
 the precision trained in (bf16 for bf16-mixed, else fp32); ``mfu_bf16`` always by the bf16 peak. Prints a
@@ -62,7 +63,8 @@ class StepClock(pl.Callback):
         model = pl_module.model
         if supports_flop_count(model):
             lengths = batch_lengths(batch.src, batch.tgt_out, batch.pad_id)
-            self.flops.append(transformer_training_flops(model, *lengths))
+            passes = pl_module.passes_per_batch  # R-Drop runs the model twice over each batch
+            self.flops.append(passes * transformer_training_flops(model, *lengths))
 
 
 def window_rates(counts: list[int], ends: list[float], warmup: int, windows: int, size: int) -> list[float]:
@@ -136,6 +138,7 @@ def measure(overrides: list[str], warmup: int, windows: int, size: int) -> dict[
         "attention": OmegaConf.to_container(cfg.attention, resolve=True),
         "fused_adamw": cfg.optim.fused,
         "compile": cfg.compile,
+        "passes_per_batch": run.module.passes_per_batch,
         "threads": torch.get_num_threads(),
         "parameters": run.module.model.num_parameters(),
         "tokens_per_s": round(statistics.median(rates)),

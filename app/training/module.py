@@ -115,6 +115,11 @@ class TranslationModule(pl.LightningModule):
         )
         return loss, nll, batch.num_target_tokens
 
+    @property
+    def passes_per_batch(self) -> int:
+        """How many times a training step runs the model over its batch (2 with R-Drop)."""
+        return 2 if self.rdrop_alpha > 0 else 1
+
     def _rdrop_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """R-Drop (Liang et al. 2021): the batch twice, in one pass, under two dropout masks.
 

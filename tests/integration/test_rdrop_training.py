@@ -9,6 +9,8 @@ import torch
 from helpers.training import compose_train, tiny_overrides, write_corpus_slice
 
 from app.data.batch import Batch
+from app.models.flops import batch_lengths, transformer_training_flops
+from app.training.benchmark import StepClock
 from app.training.losses import label_smoothed_nll
 from app.training.task import Run, build_run
 
@@ -84,3 +86,15 @@ def test_without_dropout_rdrop_trains_exactly_like_the_plain_loss(
 def test_a_negative_rdrop_alpha_names_the_key(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"optim\.rdrop_alpha=-1; it must be >= 0"):
         tiny_run(corpus, cache_dir, tmp_path / "run", "optim.rdrop_alpha=-1")
+
+
+def test_the_benchmark_counts_the_model_twice_per_rdrop_step(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    run = tiny_run(corpus, cache_dir, tmp_path / "run", "optim.rdrop_alpha=1")
+    batch, clock = first_training_batch(run), StepClock()
+    clock.on_train_batch_end(run.trainer, run.module, None, batch, 0)
+    lengths = batch_lengths(batch.src, batch.tgt_out, batch.pad_id)
+    once = transformer_training_flops(run.module.model, *lengths)
+    assert run.module.passes_per_batch == 2
+    assert clock.flops == [2 * once] and clock.tokens == [batch.num_tokens]
