@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.training import compose_train, tiny_overrides, write_corpus_slice
+from helpers.training import compose_train, tiny_overrides
 
 from app.data.batch import Batch
 from app.models.flops import batch_lengths, transformer_training_flops
@@ -14,21 +14,9 @@ from app.training.benchmark import StepClock
 from app.training.losses import label_smoothed_nll
 from app.training.task import Run, build_run
 
-SLICE = {"train": 300, "val": 20, "test_2016_flickr": 10}
 
-
-@pytest.fixture(scope="module")
-def corpus(multi30k_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus_slice(multi30k_dir, tmp_path_factory.mktemp("m30k"), SLICE)
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-def tiny_run(corpus: Path, cache_dir: Path, run_dir: Path, *extra: str) -> Run:
-    overrides = tiny_overrides(corpus, run_dir, cache_dir, "early_stopping.patience=0", *extra)
+def tiny_run(corpus: Path, out: Path, *extra: str) -> Run:
+    overrides = tiny_overrides(corpus, out / "run", out / "cache", "early_stopping.patience=0", *extra)
     return build_run(compose_train(overrides))
 
 
@@ -38,10 +26,10 @@ def first_training_batch(run: Run) -> Batch:
 
 
 def test_rdrop_loss_is_the_papers_formula_under_the_same_dropout_masks(
-    corpus: Path, cache_dir: Path, tmp_path: Path
+    corpus_slice: Path, tmp_path: Path
 ) -> None:
     """(CE_1 + CE_2 + alpha/2 (KL_12 + KL_21)) / 2, the two passes under the module's dropout masks."""
-    run = tiny_run(corpus, cache_dir, tmp_path / "run", "optim.rdrop_alpha=5", "model.dropout=0.3")
+    run = tiny_run(corpus_slice, tmp_path, "optim.rdrop_alpha=5", "model.dropout=0.3")
     module, batch = run.module.train(), first_training_batch(run)
     assert module.rdrop_alpha == 5.0
     torch.manual_seed(7)
@@ -66,14 +54,12 @@ def test_rdrop_loss_is_the_papers_formula_under_the_same_dropout_masks(
     assert nll.item() == pytest.approx(sum(plain).item() / 2, rel=1e-5)
 
 
-def test_without_dropout_rdrop_trains_exactly_like_the_plain_loss(
-    corpus: Path, cache_dir: Path, tmp_path: Path
-) -> None:
+def test_without_dropout_rdrop_trains_exactly_like_the_plain_loss(corpus_slice: Path, tmp_path: Path) -> None:
     """No dropout: both copies agree, the KL is 0, and three optimizer steps land on the same weights."""
     common = ("model.dropout=0.0", "trainer.max_steps=3", "trainer.limit_val_batches=0")
     weights = []
     for name, alpha in (("plain", 0), ("rdrop", 5)):
-        run = tiny_run(corpus, cache_dir, tmp_path / name, f"optim.rdrop_alpha={alpha}", *common)
+        run = tiny_run(corpus_slice, tmp_path / name, f"optim.rdrop_alpha={alpha}", *common)
         run.trainer.fit(run.module, datamodule=run.datamodule)
         assert run.trainer.global_step == 3
         weights.append(run.module.model.state_dict())
@@ -83,15 +69,13 @@ def test_without_dropout_rdrop_trains_exactly_like_the_plain_loss(
         torch.testing.assert_close(weights[1][key], plain, rtol=1e-4, atol=1e-6, msg=key)
 
 
-def test_a_negative_rdrop_alpha_names_the_key(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
+def test_a_negative_rdrop_alpha_names_the_key(corpus_slice: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"optim\.rdrop_alpha=-1; it must be >= 0"):
-        tiny_run(corpus, cache_dir, tmp_path / "run", "optim.rdrop_alpha=-1")
+        tiny_run(corpus_slice, tmp_path, "optim.rdrop_alpha=-1")
 
 
-def test_the_benchmark_counts_the_model_twice_per_rdrop_step(
-    corpus: Path, cache_dir: Path, tmp_path: Path
-) -> None:
-    run = tiny_run(corpus, cache_dir, tmp_path / "run", "optim.rdrop_alpha=1")
+def test_the_benchmark_counts_the_model_twice_per_rdrop_step(corpus_slice: Path, tmp_path: Path) -> None:
+    run = tiny_run(corpus_slice, tmp_path, "optim.rdrop_alpha=1")
     batch, clock = first_training_batch(run), StepClock()
     clock.on_train_batch_end(run.trainer, run.module, None, batch, 0)
     lengths = batch_lengths(batch.src, batch.tgt_out, batch.pad_id)
