@@ -12,9 +12,9 @@ and the peers' reports. Nothing is validated or checkpointed.
 
 MFU (model FLOP utilisation) = model FLOPs per second / measured matrix-product peak. Model FLOPs are
 counted from the model's shapes on the real lengths of every batch (``app/models/flops.py``: 3 x the
-forward pass, dense attention, padding excluded; twice with R-Drop, which runs the model over each batch
-twice, while its tokens count once); the peak is the best of a bf16 and an fp32 matrix
-product timed on the training device right before and after training (on a CPU 2048 x 2048 on the same
+forward pass, dense attention, padding excluded; doubled under R-Drop, which runs the model twice over
+each batch while its tokens count once). The peak is the best of a bf16 and an fp32 matrix product
+timed on the training device right before and after training (on a CPU 2048 x 2048 on the same
 threads, on a GPU 8192 x 8192; ``app.hardware.matmul_peak_tflops``). ``mfu`` divides by the peak of
 the precision trained in (bf16 for bf16-mixed, else fp32); ``mfu_bf16`` always by the bf16 peak. Prints a
 summary, or with ``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).

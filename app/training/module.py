@@ -143,7 +143,7 @@ class TranslationModule(pl.LightningModule):
         return self.trainer.strategy.reduce(values.clone(), reduce_op="sum")
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor] | None:
-        loss, nll, ntok = self._rdrop_losses(batch) if self.rdrop_alpha > 0 else self._losses(batch)
+        loss, nll, ntok = self._rdrop_losses(batch) if self.passes_per_batch == 2 else self._losses(batch)
         # (4,) summed over ranks: loss, nll, target tokens, source + target tokens of this step's batches
         counts = torch.tensor([ntok, batch.num_tokens], dtype=torch.float32, device=loss.device)
         totals = self._sum_over_ranks(torch.cat([torch.stack([loss.detach().float(), nll.float()]), counts]))
