@@ -26,6 +26,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     parser.add_argument("--engine", choices=ENGINES, help="default: ct2 for an exported directory")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: the engine's choice)")
+    parser.add_argument(
+        "--ensemble",
+        metavar="CKPT",
+        action="append",
+        default=[],
+        help="another checkpoint to decode with MODEL as one ensemble; repeat for more",
+    )
     parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes)
     parser.add_argument("--max-sentences", type=int, default=defaults.max_sentences, help="per request")
     parser.add_argument(
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             max_wait_ms=args.max_wait_ms,
             batch_size=args.batch_size,
         )
-        engine = open_engine(args.model, engine=args.engine, threads=args.threads)
+        engine = open_engine(args.model, engine=args.engine, threads=args.threads, ensemble=args.ensemble)
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

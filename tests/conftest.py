@@ -148,9 +148,9 @@ def write_checkpoint(
 
 @pytest.fixture(scope="session")
 def checkpoint_factory(spm_tokenizer: Tokenizer) -> Callable[..., torch.nn.Module]:
-    """:func:`write_checkpoint` bound to the session's sentencepiece model."""
+    """:func:`write_checkpoint` with the session's sentencepiece model unless given another."""
 
-    def write(path: Path, **kwargs: Any) -> torch.nn.Module:
-        return write_checkpoint(path, spm_tokenizer, **kwargs)
+    def write(path: Path, tokenizer: Tokenizer | None = None, **kwargs: Any) -> torch.nn.Module:
+        return write_checkpoint(path, tokenizer or spm_tokenizer, **kwargs)
 
     return write

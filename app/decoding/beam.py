@@ -15,7 +15,7 @@ from torch import Tensor
 
 from app.decoding.greedy import constrain
 from app.decoding.hypothesis import Hypothesis
-from app.models.seq2seq import EncoderOutput, Seq2Seq
+from app.models.seq2seq import Seq2Seq
 
 
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
@@ -136,7 +136,7 @@ def beam_hypotheses(
         raise ValueError(f"nbest={nbest} must be between 1 and the beam size {k}")
     encoded = model.encode(src)
     rows = torch.arange(src.size(0), device=src.device).repeat_interleave(k)  # (B*K,) sentence of each row
-    state = model.start_decoding(EncoderOutput(memory=encoded.memory[rows], mask=encoded.mask[rows]))
+    state = model.start_decoding(encoded.take_rows(rows))
     beams = Beams.start(limits.to(src.device), k, bos_id)
     finished = [Finished() for _ in range(src.size(0))]
     done = torch.zeros(src.size(0), dtype=torch.long, device=src.device)  # finished hypotheses per sentence

@@ -9,6 +9,7 @@ removed), so other Unicode line separators inside a sentence never shift the ali
 :func:`app.inference.evaluate.evaluate`: BLEU, lowercased BLEU, chrF, speed and the sacreBLEU signature
 go to standard error, so standard output stays the translations.
 ``MODEL`` is a checkpoint (torch engine) or a directory from ``scripts/export.py --format ct2`` (CTranslate2);
+``--ensemble CKPT`` (repeatable) decodes MODEL and CKPT together, their per-token distributions averaged;
 ``--format jsonl`` writes one JSON object per input line instead of text (see :func:`jsonl_record`).
 """
 
@@ -78,6 +79,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--engine", choices=ENGINES, help="default: ct2 for an exported directory, else torch"
     )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: the engine's choice)")
+    parser.add_argument(
+        "--ensemble",
+        metavar="CKPT",
+        action="append",
+        default=[],
+        help="another checkpoint with the same vocabulary to decode with MODEL as one ensemble "
+        "(per-token probabilities averaged); repeat for more",
+    )
     parser.add_argument("--nbest", type=int, default=1, help="hypotheses per input, best first (<= --beam)")
     parser.add_argument("--sample", metavar="topk:K|topp:P", help="sample instead of beam search")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
@@ -231,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = search_settings(args)
         translator = open_engine(
-            args.checkpoint, engine=args.engine, device=args.device, threads=args.threads
+            args.checkpoint,
+            engine=args.engine,
+            device=args.device,
+            threads=args.threads,
+            ensemble=args.ensemble,
         )
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

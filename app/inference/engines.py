@@ -249,15 +249,23 @@ def choose_engine(path: str | os.PathLike[str], engine: str | None) -> str:
 
 
 def open_engine(
-    path: str | os.PathLike[str], *, engine: str | None = None, device: str = "cpu", threads: int = 0
+    path: str | os.PathLike[str],
+    *,
+    engine: str | None = None,
+    device: str = "cpu",
+    threads: int = 0,
+    ensemble: list[str] | None = None,
 ) -> Engine:
     """Load ``path`` (a checkpoint, or a CTranslate2 directory) into the chosen engine.
 
     ``threads`` > 0 sets the CPU threads once, here (torch's intra-op pool, CTranslate2's intra_threads).
+    ``ensemble`` checkpoints decode together with ``path`` (torch engine; see :class:`Ensemble`).
     """
     from app.export.ct2 import is_ct2_model_dir
 
     chosen = choose_engine(path, engine)
+    if ensemble and chosen != "torch":
+        raise ValueError(f"--ensemble needs the torch engine and .ckpt checkpoints, got {path} ({chosen})")
     if chosen == "ct2":
         if not is_ct2_model_dir(path):
             raise ValueError(
@@ -268,5 +276,5 @@ def open_engine(
         raise ValueError(f"--engine torch needs a .ckpt checkpoint, got the directory {path}")
     if threads > 0:
         torch.set_num_threads(threads)
-    translator, _ = load_translator(path, device=device)
+    translator, _ = load_translator(path, device=device, ensemble=ensemble or ())
     return TorchEngine(translator)

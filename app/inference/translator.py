@@ -8,12 +8,12 @@ gives an empty output, and a source longer than the model accepts is truncated (
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from app.checkpoint import load_model
+from app.checkpoint import CheckpointError, LoadedModel, load_model
 from app.data.tokenizer import Tokenizer
 from app.decoding import (
     Hypothesis,
@@ -23,7 +23,10 @@ from app.decoding import (
     output_limits,
     sample_search,
 )
+from app.models.ensemble import Ensemble
 from app.models.seq2seq import Seq2Seq
+
+PathLike = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
@@ -193,11 +196,36 @@ class Translator:
 
 
 def load_translator(
-    path: str | os.PathLike[str], device: str | torch.device = "cpu"
+    path: str | os.PathLike[str], device: str | torch.device = "cpu", *, ensemble: Sequence[PathLike] = ()
 ) -> tuple[Translator, dict]:
-    """A ready :class:`Translator` for checkpoint ``path`` on ``device``, and the run config stored in it."""
+    """A ready :class:`Translator` for checkpoint ``path`` on ``device``, and the run config stored in it.
+
+    With ``ensemble`` checkpoints, they decode together with ``path`` as one :class:`Ensemble` (their
+    distributions averaged per token); all must share ``path``'s tokenizers, and the config is ``path``'s.
+    """
     loaded = load_model(path, device)
-    return Translator(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer), loaded.config
+    model: Seq2Seq = loaded.model
+    if ensemble:
+        members = [loaded.model]
+        for other in ensemble:
+            member = load_model(other, device)
+            check_same_vocabulary(loaded, path, member, other)
+            members.append(member.model)
+        model = Ensemble(members).eval()
+    return Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer), loaded.config
+
+
+def check_same_vocabulary(
+    first: LoadedModel, first_path: PathLike, other: LoadedModel, other_path: PathLike
+) -> None:
+    """Ensemble members must tokenize and detokenize identically (same sentencepiece models)."""
+    for side in ("src_tokenizer", "tgt_tokenizer"):
+        if getattr(first, side).to_bytes() != getattr(other, side).to_bytes():
+            raise CheckpointError(
+                f"cannot ensemble {first_path} and {other_path}: their {side.split('_')[0]} "
+                f"sentencepiece models differ ({getattr(first, side).vocab_size} and "
+                f"{getattr(other, side).vocab_size} pieces); members must share one vocabulary"
+            )
 
 
 def encode_sources(

@@ -18,6 +18,10 @@ class EncoderOutput:
     memory: Tensor  # (B, S, D) encoder states
     mask: Tensor  # (B, S) True at real source tokens
 
+    def take_rows(self, rows: Tensor) -> EncoderOutput:
+        """The output for batch rows ``rows`` (B',), repeats allowed (beam search copies each K times)."""
+        return EncoderOutput(memory=self.memory[rows], mask=self.mask[rows])
+
 
 class DecoderState(ABC):
     """Whatever a model carries from one decoding step to the next (caches, recurrent state)."""

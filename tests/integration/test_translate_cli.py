@@ -206,6 +206,33 @@ def test_bad_search_setting_is_a_clear_error(checkpoint: Path, capsys: pytest.Ca
     assert capsys.readouterr().err.startswith("error: beam (0)")
 
 
+def test_ensemble_option_decodes_both_checkpoints_as_one(
+    checkpoint: Path, checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path
+) -> None:
+    other = tmp_path / "other.ckpt"
+    checkpoint_factory(other, model_cfg=MODEL_CFG, attention_cfg={"kernel": "eager"}, seed=7)
+    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    args = ("--beam", "3", "--format", "jsonl", *sentences)
+    records = [json.loads(line) for line in output_lines(run_cli(str(checkpoint), *args).stdout)]
+    ensembled = run_cli(str(checkpoint), "--ensemble", str(other), *args)
+    assert ensembled.returncode == 0, ensembled.stderr.decode()
+    ensembled_records = [json.loads(line) for line in output_lines(ensembled.stdout)]
+    translator = load_translator(checkpoint, ensemble=[other])[0]
+    expected = translator.hypotheses(translator.encode_sources(sentences), SearchSettings(beam=3))
+    for record, single, hyps in zip(ensembled_records, records, expected, strict=True):
+        assert record["hypotheses"][0]["score"] == pytest.approx(hyps[0].score, abs=1e-5)
+        assert record["hypotheses"][0]["score"] != pytest.approx(single["hypotheses"][0]["score"], abs=1e-3)
+
+
+def test_ensemble_of_a_missing_checkpoint_is_a_clear_error(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere.ckpt"
+    assert main([str(checkpoint), "--ensemble", str(missing), "Ein Hund."]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "nowhere.ckpt" in err
+
+
 # --- translate_stream in-process ------------------------------------------------------------------------
 
 
