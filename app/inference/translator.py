@@ -196,7 +196,7 @@ class Translator:
 
 
 def load_translator(
-    path: str | os.PathLike[str], device: str | torch.device = "cpu", *, ensemble: Sequence[PathLike] = ()
+    path: PathLike, device: str | torch.device = "cpu", *, ensemble: Sequence[PathLike] = ()
 ) -> tuple[Translator, dict]:
     """A ready :class:`Translator` for checkpoint ``path`` on ``device``, and the run config stored in it.
 
