@@ -86,6 +86,8 @@ def test_ct2_greedy_equals_torch_greedy(
     assert [h[0].text for h in got] == [h[0].text for h in expected]
     for mine, theirs in zip(expected, got, strict=True):  # same model, same probabilities
         assert mine[0].token_scores == pytest.approx(theirs[0].token_scores, abs=1e-3)
+    with pytest.raises(ValueError, match="--ensemble needs the torch engine"):
+        open_engine(exported, ensemble=[str(ckpt)])  # an export holds one model
 
 
 def test_export_refuses_an_existing_directory(checkpoint_factory, tmp_path: Path) -> None:
