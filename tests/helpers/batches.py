@@ -18,3 +18,15 @@ def random_batch(seed: int = 0, vocab: int = VOCAB) -> tuple[torch.Tensor, torch
         src[row, src_len:] = PAD
         tgt[row, tgt_len:] = PAD
     return src, tgt
+
+
+def random_sources(count: int, min_len: int, max_len: int, vocab: int = VOCAB, seed: int = 0) -> torch.Tensor:
+    """``count`` right-padded sources (count, longest) of ``min_len`` to ``max_len`` tokens, EOS included,
+    over ids 4 .. vocab-1: the batch that search tests decode."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (count,), generator=gen)
+    batch = torch.full((count, int(lengths.max())), PAD)
+    for row, length in enumerate(lengths.tolist()):
+        batch[row, : length - 1] = torch.randint(4, vocab, (length - 1,), generator=gen)
+        batch[row, length - 1] = EOS
+    return batch

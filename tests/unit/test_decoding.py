@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.batches import random_sources
 
 from app.decoding import beam_search, greedy_search, output_limits
 from app.decoding.beam import length_penalty
@@ -35,13 +36,7 @@ def model(make_transformer: Callable[..., Transformer]) -> Transformer:
 @pytest.fixture(scope="module")
 def src() -> torch.Tensor:
     """16 right-padded sources of 3 to 11 tokens (EOS included)."""
-    gen = torch.Generator().manual_seed(0)
-    lengths = torch.randint(3, 12, (16,), generator=gen)
-    batch = torch.full((16, int(lengths.max())), PAD)
-    for row, length in enumerate(lengths.tolist()):
-        batch[row, : length - 1] = torch.randint(4, VOCAB, (length - 1,), generator=gen)
-        batch[row, length - 1] = EOS
-    return batch
+    return random_sources(16, 3, 11, vocab=VOCAB)
 
 
 def source_lengths(src: torch.Tensor) -> list[int]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.batches import random_sources
 from helpers.models import TINY_TRANSFORMER
 from helpers.rnn import tiny_rnn
 
@@ -37,13 +38,7 @@ def members(make_transformer: Callable[..., Transformer]) -> list[Seq2Seq]:
 @pytest.fixture(scope="module")
 def src() -> torch.Tensor:
     """8 right-padded sources of 3 to 9 tokens (EOS included)."""
-    gen = torch.Generator().manual_seed(0)
-    lengths = torch.randint(3, 10, (8,), generator=gen)
-    batch = torch.full((8, int(lengths.max())), PAD)
-    for row, length in enumerate(lengths.tolist()):
-        batch[row, : length - 1] = torch.randint(4, VOCAB, (length - 1,), generator=gen)
-        batch[row, length - 1] = EOS
-    return batch
+    return random_sources(8, 3, 9, vocab=VOCAB)
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.batches import random_sources
 
 from app.attention import KVCache, MultiHeadAttention, build_kernel
 from app.attention.kernels.linear import LinearAttentionState
@@ -176,13 +177,7 @@ def linear_model(make_transformer: Callable[..., Transformer]) -> Transformer:
 @pytest.fixture(scope="module")
 def src() -> torch.Tensor:
     """8 right-padded sources of 3 to 9 tokens (EOS included)."""
-    gen = torch.Generator().manual_seed(0)
-    lengths = torch.randint(3, 10, (8,), generator=gen)
-    batch = torch.full((8, int(lengths.max())), PAD)
-    for row, length in enumerate(lengths.tolist()):
-        batch[row, : length - 1] = torch.randint(4, VOCAB, (length - 1,), generator=gen)
-        batch[row, length - 1] = EOS
-    return batch
+    return random_sources(8, 3, 9, vocab=VOCAB)
 
 
 def search(model: Transformer, src: torch.Tensor, *, beam: int) -> list[list[int]]:
