@@ -79,14 +79,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--engine", choices=ENGINES, help="default: ct2 for an exported directory, else torch"
     )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: the engine's choice)")
-    parser.add_argument(
-        "--ensemble",
-        metavar="CKPT",
-        action="append",
-        default=[],
-        help="another checkpoint with the same vocabulary to decode with MODEL as one ensemble "
-        "(per-token probabilities averaged); repeat for more",
-    )
+    add_ensemble_arg(parser)
     parser.add_argument("--nbest", type=int, default=1, help="hypotheses per input, best first (<= --beam)")
     parser.add_argument("--sample", metavar="topk:K|topp:P", help="sample instead of beam search")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
@@ -96,6 +89,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=("text", "jsonl"),
         default="text",
         help="text: the best translation per line; jsonl: input, hypotheses, scores (and alignment)",
+    )
+
+
+def add_ensemble_arg(parser: argparse.ArgumentParser) -> None:
+    """``--ensemble CKPT`` (repeatable), shared with scripts/serve.py."""
+    parser.add_argument(
+        "--ensemble",
+        metavar="CKPT",
+        action="append",
+        default=[],
+        help="another checkpoint with the same vocabulary to decode with MODEL as one ensemble "
+        "(per-token probabilities averaged); repeat for more",
     )
 
 

@@ -26,9 +26,12 @@ class EnsembleEncoding(EncoderOutput):
 
     members: tuple[EncoderOutput, ...] = ()
 
+    @classmethod
+    def of(cls, members: tuple[EncoderOutput, ...]) -> EnsembleEncoding:
+        return cls(memory=members[0].memory, mask=members[0].mask, members=members)
+
     def take_rows(self, rows: Tensor) -> EnsembleEncoding:
-        members = tuple(m.take_rows(rows) for m in self.members)
-        return EnsembleEncoding(memory=members[0].memory, mask=members[0].mask, members=members)
+        return EnsembleEncoding.of(tuple(m.take_rows(rows) for m in self.members))
 
 
 class EnsembleState(DecoderState):
@@ -70,8 +73,7 @@ class Ensemble(Seq2Seq):
         return mean_probabilities([m(src, tgt_in).float().log_softmax(-1) for m in self.members])
 
     def encode(self, src: Tensor) -> EnsembleEncoding:
-        members = tuple(m.encode(src) for m in self.members)
-        return EnsembleEncoding(memory=members[0].memory, mask=members[0].mask, members=members)
+        return EnsembleEncoding.of(tuple(m.encode(src) for m in self.members))
 
     def start_decoding(self, encoded: EncoderOutput) -> EnsembleState:
         if not isinstance(encoded, EnsembleEncoding):
