@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import Timer
 
 from app.data.batch import Batch
 from app.training.distributed import gather_objects
+from app.training.optim import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,83 @@ class ElapsedTime(pl.Callback):
 
     def load_state_dict(self, state_dict: dict[str, float]) -> None:
         self._minutes_before = state_dict["elapsed_min"]
+
+
+NO_TIME_BUDGET = (
+    "optim.decay_steps=auto ends the decay when trainer.max_time does, but trainer.max_time is not set; "
+    "set it (DD:HH:MM:SS) or give optim.decay_steps as a step count"
+)
+
+
+def steps_within_budget(step: int, steps_per_s: float, remaining_s: float) -> int:
+    """The optimizer step a run at ``step`` reaches when its remaining time runs out at its current rate."""
+    return step + int(steps_per_s * max(remaining_s, 0.0))
+
+
+class DecayToTimeBudget(pl.Callback):
+    """``optim.decay_steps=auto``: a cosine or linear schedule reaches zero when ``trainer.max_time`` ends.
+
+    How many steps an hour holds depends on the machine, so instead of a step count fitted to one CPU the
+    decay's end is estimated while training: every ``every_n_steps`` optimizer steps it becomes the step
+    the run will reach at the rate measured so far in this process (validation included, since it takes
+    its share of the rest of the budget too). Early estimates can be some percent off (the first epochs'
+    validation decodes slower); the error shrinks with the time left, so the schedule still ends near
+    zero with the budget and the last updates are the small ones. Rank 0's estimate is broadcast, so
+    every rank follows one schedule. The value is logged as ``optim/decay_steps`` and checkpointed with
+    the scheduler (:class:`~app.training.optim.Schedule`). With ``trainer.max_steps`` set too, the decay
+    ends at whichever comes first.
+    """
+
+    def __init__(self, every_n_steps: int = 20) -> None:
+        self.every_n_steps = every_n_steps
+        self._started: tuple[int, float] | None = None  # (step, monotonic time) when this process began
+        self._last_update = -1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        time_budget(trainer)  # fails now, not at the first estimate, when there is no budget
+        self._started = (trainer.global_step, time.monotonic())
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step % self.every_n_steps == 0 and step != self._last_update:
+            self._last_update = step
+            self.update(trainer, pl_module)
+
+    def update(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Re-estimate the decay's last step and hand it to the scheduler."""
+        assert self._started is not None, "on_train_start has not run"
+        start_step, start_time = self._started
+        step, seconds = trainer.global_step, time.monotonic() - start_time
+        if step <= start_step or seconds <= 0:
+            return
+        remaining = time_budget(trainer).time_remaining() or 0.0
+        estimate = steps_within_budget(step, (step - start_step) / seconds, remaining)
+        if trainer.max_steps > 0:
+            estimate = min(estimate, trainer.max_steps)
+        estimate = trainer.strategy.broadcast(estimate)  # one schedule for every rank
+        for schedule in decaying_schedules(trainer):
+            schedule.decay_steps = max(estimate, schedule.warmup + 1)
+        pl_module.log("optim/decay_steps", float(estimate), on_step=True, on_epoch=False, rank_zero_only=True)
+
+
+def time_budget(trainer: pl.Trainer) -> Timer:
+    """Lightning's ``max_time`` timer; a clear error where the run has no wall-clock budget."""
+    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    if not timers:
+        raise ValueError(NO_TIME_BUDGET)
+    return timers[0]
+
+
+def decaying_schedules(trainer: pl.Trainer) -> list[Schedule]:
+    """The distinct :class:`~app.training.optim.Schedule` objects behind the trainer's LambdaLR schedulers."""
+    found: dict[int, Schedule] = {}
+    for config in trainer.lr_scheduler_configs:
+        for schedule in getattr(config.scheduler, "lr_lambdas", []):
+            if isinstance(schedule, Schedule):
+                found[id(schedule)] = schedule
+    return list(found.values())
 
 
 class SamplerPosition(pl.Callback):

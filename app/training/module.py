@@ -67,7 +67,7 @@ class TranslationModule(pl.LightningModule):
         eps: float = 1e-9,
         warmup_steps: int = 4000,
         schedule: str = "inverse_sqrt",
-        decay_steps: int | None = None,
+        decay_steps: int | str | None = None,
         fused: bool = False,
         valid_search: SearchSettings | None = None,
         nonfinite_loss: str = "stop",

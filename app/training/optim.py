@@ -7,14 +7,16 @@ Every schedule warms up linearly to the peak rate, then decays:
 - ``linear``: a straight line from the peak down to zero at ``decay_steps``, then zero.
 
 The two that end suit a fixed budget: set ``decay_steps`` to the steps it buys (``trainer.max_steps``),
-so the last updates are small ones instead of the noisy steps inverse_sqrt still takes at its end.
+so the last updates are small ones instead of the noisy steps inverse_sqrt still takes at its end. Under a
+wall-clock budget the step count is the machine's to say: ``decay_steps=auto`` leaves it to
+:class:`app.training.callbacks.DecayToTimeBudget`, which estimates it from the measured rate while training.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -57,18 +59,46 @@ SCHEDULES: dict[str, Callable[..., float]] = {
 }
 
 
-def schedule_factor(schedule: str, warmup: int, decay_steps: int | None) -> Callable[[int], float]:
+AUTO = "auto"  # optim.decay_steps=auto: the step trainer.max_time reaches, estimated while training
+
+
+@dataclass
+class Schedule:
+    """The learning-rate multiplier by optimizer step, for :class:`torch.optim.lr_scheduler.LambdaLR`.
+
+    An object rather than a function so that LambdaLR stores its fields in every checkpoint: a
+    ``decay_steps`` estimated during training (``auto``) survives a resume, and a resumed run continues
+    the checkpoint's schedule as it continues its peak rate. Until the first estimate (``decay_steps``
+    None) a decaying schedule holds the peak after its warm-up.
+    """
+
+    name: str
+    warmup: int
+    decay_steps: int | None = None
+
+    def __call__(self, step: int) -> float:
+        if self.name == "inverse_sqrt":
+            return inverse_sqrt_factor(step, self.warmup)
+        if self.decay_steps is None:  # auto, not estimated yet
+            return max(step, 1) / self.warmup if step < self.warmup else 1.0
+        return SCHEDULES[self.name](step, self.warmup, self.decay_steps)
+
+
+def schedule_factor(schedule: str, warmup: int, decay_steps: int | str | None) -> Schedule:
     """The learning-rate multiplier by optimizer step; a clear error for an unknown or incomplete choice."""
     if schedule not in SCHEDULES:
         raise ValueError(f"optim.schedule={schedule!r}; valid choices: {', '.join(SCHEDULES)}")
     if schedule == "inverse_sqrt":
-        return partial(inverse_sqrt_factor, warmup=warmup)
-    if decay_steps is None or decay_steps <= warmup:
+        return Schedule(schedule, warmup)
+    if decay_steps == AUTO:
+        return Schedule(schedule, warmup)
+    if not isinstance(decay_steps, int) or decay_steps <= warmup:
         raise ValueError(
             f"optim.schedule={schedule} decays to zero at optim.decay_steps, which must be an integer above "
-            f"optim.warmup_steps={warmup} (got {decay_steps}), e.g. trainer.max_steps"
+            f"optim.warmup_steps={warmup} (got {decay_steps}), e.g. trainer.max_steps, or {AUTO} with "
+            "trainer.max_time"
         )
-    return partial(SCHEDULES[schedule], warmup=warmup, decay_steps=decay_steps)
+    return Schedule(schedule, warmup, decay_steps)
 
 
 def build_optimizer(
@@ -81,7 +111,7 @@ def build_optimizer(
     warmup: int,
     fused: bool = False,
     schedule: str = "inverse_sqrt",
-    decay_steps: int | None = None,
+    decay_steps: int | str | None = None,
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
     """AdamW without decay on biases and norms, and its warm-up schedule (see the module docstring).
 

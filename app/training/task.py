@@ -37,8 +37,10 @@ from app.inference.translator import SearchSettings
 from app.io import atomic_write
 from app.models import build_model
 from app.training.callbacks import (
+    NO_TIME_BUDGET,
     BatchSamplerEpoch,
     BatchTrace,
+    DecayToTimeBudget,
     ElapsedTime,
     RngState,
     SameRunDirectory,
@@ -48,6 +50,7 @@ from app.training.checkpoint_io import AtomicCheckpointIO
 from app.training.distributed import launched_as_rank_zero
 from app.training.loggers import build_logger, log_results_and_close
 from app.training.module import TranslationModule
+from app.training.optim import AUTO, schedule_factor
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     Every rank of a distributed run executes this; only global rank 0 evaluates and writes results.
     """
     check_selection(cfg)
+    check_schedule(cfg)
     finished = finished_results(cfg)
     if finished is not None:
         return finished
@@ -364,6 +368,8 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
         SameRunDirectory(run_dir),
         ElapsedTime(),
     ]
+    if cfg.optim.get("decay_steps") == AUTO:
+        callbacks.append(DecayToTimeBudget())
     if cfg.logger and cfg.logger.get("kind"):  # Lightning refuses a learning-rate monitor without a logger
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.early_stopping.patience:
@@ -384,6 +390,14 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
 def validation_metric(cfg: DictConfig) -> str:
     """What validation maximises (``selection.metric``): best.ckpt, early stopping and the decoding grid."""
     return (cfg.get("selection") or {}).get("metric") or "bleu"
+
+
+def check_schedule(cfg: DictConfig) -> None:
+    """Refuse, before any data is prepared, a learning-rate schedule that could not run to its end."""
+    decay_steps = cfg.optim.get("decay_steps")
+    schedule_factor(cfg.optim.schedule, cfg.optim.warmup_steps, decay_steps)
+    if decay_steps == AUTO and not cfg.trainer.get("max_time"):
+        raise ValueError(NO_TIME_BUDGET)
 
 
 def check_selection(cfg: DictConfig) -> None:

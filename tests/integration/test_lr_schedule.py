@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.training import compose_train, read_trace, tiny_overrides
+from helpers.training import compose_train, logged_column, read_trace, tiny_overrides
 
 from app.training.optim import schedule_factor
 from app.training.task import train
@@ -41,8 +41,45 @@ def test_training_follows_the_configured_schedule_to_zero(
     assert records[WARMUP - 1]["lr"] == pytest.approx(PEAK) and records[-1]["lr"] == 0.0
 
 
-def test_a_schedule_that_cannot_end_fails_before_training(corpus_slice: Path, tmp_path: Path) -> None:
-    overrides = tiny_overrides(corpus_slice, tmp_path / "run", tmp_path / "cache", "optim.schedule=cosine")
-    with pytest.raises(ValueError, match=r"optim.schedule=cosine .* optim.decay_steps"):
+@pytest.mark.slow
+def test_decay_steps_auto_reaches_zero_when_the_time_budget_ends(corpus_slice: Path, tmp_path: Path) -> None:
+    trace, run_dir = tmp_path / "trace.jsonl", tmp_path / "run"
+    overrides = tiny_overrides(
+        corpus_slice,
+        run_dir,
+        tmp_path / "cache",
+        f"optim.lr={PEAK}",
+        f"optim.warmup_steps={WARMUP}",
+        "optim.schedule=cosine",
+        "optim.decay_steps=auto",
+        "trainer.max_time=00:00:00:12",
+        "trainer.max_epochs=10000",
+        "trainer.limit_val_batches=0",
+        "early_stopping.patience=0",
+        f"debug.trace_batches={trace}",
+    )
+    train(compose_train(overrides))
+
+    records = read_trace(trace)
+    last_step = records[-1]["step"]
+    estimates = logged_column(run_dir / "csv" / "metrics.csv", "optim/decay_steps")
+    assert len(estimates) >= 3, f"{last_step} steps in 12 s gave {len(estimates)} estimates"
+    assert abs(estimates[-1] - last_step) <= 0.1 * last_step  # the decay's end is where the budget ended
+    assert max(r["lr"] for r in records) == pytest.approx(PEAK)
+    assert records[-1]["lr"] < 0.05 * PEAK  # so the last updates were the small ones
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["optim.schedule=cosine"], r"optim.schedule=cosine .* optim.decay_steps"),
+        (["optim.schedule=linear", "optim.decay_steps=auto"], r"trainer.max_time is not set"),
+    ],
+)
+def test_a_schedule_that_cannot_end_fails_before_training(
+    extra: list[str], message: str, corpus_slice: Path, tmp_path: Path
+) -> None:
+    overrides = tiny_overrides(corpus_slice, tmp_path / "run", tmp_path / "cache", *extra)
+    with pytest.raises(ValueError, match=message):
         train(compose_train(overrides))
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
 
 from app.models import Transformer
+from app.training.callbacks import steps_within_budget
 from app.training.losses import _SymmetricKL, label_smoothed_nll, symmetric_kl
 from app.training.optim import (
+    AUTO,
     SCHEDULES,
     build_optimizer,
     cosine_factor,
@@ -175,35 +179,75 @@ def test_cosine_and_linear_warm_up_then_reach_zero_at_decay_steps() -> None:
         ("cosin", 100, "valid choices: inverse_sqrt, cosine, linear"),
         ("cosine", None, "optim.decay_steps"),
         ("linear", 4, "above optim.warmup_steps=4"),
+        ("cosine", "8000", "or auto with trainer.max_time"),
     ],
 )
 def test_schedule_errors_name_the_key_and_the_choices(
-    schedule: str, decay_steps: int | None, message: str
+    schedule: str, decay_steps: int | str | None, message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
         schedule_factor(schedule, 4, decay_steps)
+
+
+def optimizer_and_scheduler(
+    model: torch.nn.Module, **schedule: Any
+) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW at a peak of 2e-3 after 3 warm-up steps, with the given schedule."""
+    return build_optimizer(
+        model, lr=2e-3, weight_decay=0.0, betas=(0.9, 0.98), eps=1e-9, warmup=3, **schedule
+    )
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_scheduler_follows_the_chosen_factor(
     schedule: str, make_transformer: Callable[..., Transformer]
 ) -> None:
-    optimizer, scheduler = build_optimizer(
-        make_transformer(),
-        lr=2e-3,
-        weight_decay=0.0,
-        betas=(0.9, 0.98),
-        eps=1e-9,
-        warmup=3,
-        schedule=schedule,
-        decay_steps=9,
-    )
+    optimizer, scheduler = optimizer_and_scheduler(make_transformer(), schedule=schedule, decay_steps=9)
     seen = []
     for _ in range(12):
         seen.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
     assert seen == pytest.approx([2e-3 * schedule_factor(schedule, 3, 9)(s) for s in range(12)])
+
+
+def test_auto_decay_holds_the_peak_until_estimated_then_follows_the_estimate(
+    make_transformer: Callable[..., Transformer],
+) -> None:
+    _, scheduler = optimizer_and_scheduler(make_transformer(), schedule="cosine", decay_steps=AUTO)
+    schedule = scheduler.lr_lambdas[0]
+    assert all(fn is schedule for fn in scheduler.lr_lambdas)  # one object for both parameter groups
+    assert [schedule(s) for s in range(6)] == pytest.approx([1 / 3, 1 / 3, 2 / 3, 1.0, 1.0, 1.0])
+    schedule.decay_steps = 9  # what DecayToTimeBudget does while training
+    assert [schedule(s) for s in range(12)] == pytest.approx([cosine_factor(s, 3, 9) for s in range(12)])
+
+
+def test_an_estimated_decay_end_is_checkpointed_with_the_scheduler(
+    make_transformer: Callable[..., Transformer],
+) -> None:
+    model = make_transformer()
+    optimizer, scheduler = optimizer_and_scheduler(model, schedule="linear", decay_steps=AUTO)
+    for _ in range(5):
+        optimizer.step()
+        scheduler.step()
+    scheduler.lr_lambdas[0].decay_steps = 8
+    state = scheduler.state_dict()
+
+    resumed_optimizer, resumed = optimizer_and_scheduler(model, schedule="linear", decay_steps=AUTO)
+    resumed_optimizer.load_state_dict(optimizer.state_dict())
+    resumed.load_state_dict(state)
+    assert resumed.lr_lambdas[0].decay_steps == 8
+    for scheduler_ in (scheduler, resumed):
+        scheduler_.optimizer.step()
+        scheduler_.step()
+    assert resumed.get_last_lr() == pytest.approx(scheduler.get_last_lr())
+    assert resumed.get_last_lr()[0] == pytest.approx(2e-3 * linear_factor(6, 3, 8))
+
+
+def test_steps_within_budget_extrapolates_the_rate_and_never_goes_back() -> None:
+    assert steps_within_budget(100, steps_per_s=2.5, remaining_s=40.0) == 200
+    assert steps_within_budget(100, steps_per_s=2.5, remaining_s=0.3) == 100
+    assert steps_within_budget(100, steps_per_s=2.5, remaining_s=-5.0) == 100  # the budget has run out
 
 
 def test_scheduler_follows_the_factor(make_transformer: Callable[..., Transformer]) -> None:
