@@ -88,9 +88,7 @@ def schedule_factor(schedule: str, warmup: int, decay_steps: int | str | None) -
     """The learning-rate multiplier by optimizer step; a clear error for an unknown or incomplete choice."""
     if schedule not in SCHEDULES:
         raise ValueError(f"optim.schedule={schedule!r}; valid choices: {', '.join(SCHEDULES)}")
-    if schedule == "inverse_sqrt":
-        return Schedule(schedule, warmup)
-    if decay_steps == AUTO:
+    if schedule == "inverse_sqrt" or decay_steps == AUTO:  # no end, or an end estimated while training
         return Schedule(schedule, warmup)
     if not isinstance(decay_steps, int) or decay_steps <= warmup:
         raise ValueError(
