@@ -18,6 +18,7 @@ from app.attention import padding_mask
 from app.attention.config import RNNAttentionSpec
 from app.attention.mechanisms import build_mechanism, mechanism_options
 from app.attention.registry import AttentionConfigError
+from app.models.dropout import Dropout
 from app.models.embeddings import TokenEmbedding
 from app.models.rnn_decoder import DECODERS, CellState, RNNDecoder, RNNState
 from app.models.seq2seq import EncoderOutput, Seq2Seq
@@ -106,7 +107,7 @@ class RNNSeq2Seq(Seq2Seq):
         self.src_embed, self.tgt_embed = self._embeddings(
             src_vocab_size, tgt_vocab_size, embedding_size, share_src_tgt_embeddings
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.encoder = RNNEncoder(
             cell=cell,
             input_size=embedding_size,
@@ -178,8 +179,12 @@ class RNNSeq2Seq(Seq2Seq):
         return torch.stack(outputs, dim=1), torch.stack(weights, dim=1)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        features, output = self.output_features(src, tgt_in)
+        return output(features)  # (B, T, V)
+
+    def output_features(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, nn.Linear]:
         outputs, _ = self.run_decoder(tgt_in, self.encode(src))
-        return self.output(self.dropout(outputs))  # (B, T, V)
+        return self.dropout(outputs), self.output  # (B, T, E)
 
     def cross_attention(
         self, src: Tensor, tgt_in: Tensor, *, layer: int | None = None, head: int | None = None

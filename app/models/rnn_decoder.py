@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from app.attention.mechanisms import AttentionMechanism, MechanismOutput
+from app.models.dropout import Dropout
 from app.models.seq2seq import DecoderState
 
 CellState = tuple[Tensor, ...]  # (h,) for a GRU layer, (h, c) for an LSTM layer; each (B, H)
@@ -37,7 +38,7 @@ class StackedCell(nn.Module):
         sizes = [input_size] + [hidden_size] * (num_layers - 1)
         self.cells = nn.ModuleList(self.CELLS[cell](size, hidden_size) for size in sizes)
         self.is_lstm = cell == "lstm"
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, states: list[CellState]) -> tuple[Tensor, list[CellState]]:
         """Input ``x`` (B, In) and per-layer states; returns the top layer's output (B, H) and new states."""
@@ -108,7 +109,7 @@ class RNNDecoder(nn.Module, ABC):
             dropout=dropout,
         )
         self.pre_output = nn.Linear(pre_output_input_size, embedding_size)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def start(self, memory: Tensor, mask: Tensor, layers: list[CellState]) -> RNNState:
         """State before the first target token: precomputed keys, the bridged initial states."""

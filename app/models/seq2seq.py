@@ -49,6 +49,14 @@ class Seq2Seq(nn.Module, ABC):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Logits (B, T, V) for target inputs ``tgt_in`` (B, T) given source ids ``src`` (B, S)."""
 
+    def output_features(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, nn.Linear] | None:
+        """The states (B, T, D) the output layer reads, and that layer: ``forward`` is ``layer(states)``.
+
+        Losses that fuse the output layer with the loss use it (``app.training.losses``); None (this
+        default) where a model has no single output layer, and training computes ``forward``'s logits.
+        """
+        return None
+
     @abstractmethod
     def encode(self, src: Tensor) -> EncoderOutput:
         """Encode source ids (B, S) once per sentence batch."""

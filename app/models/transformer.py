@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from app.attention import KVCache, MultiHeadAttention, build_kernel, padding_mask
 from app.attention.factory import AttentionSpec, build_attention
+from app.models.dropout import Dropout
 from app.models.embeddings import SinusoidalPositions, TokenEmbedding
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
 
@@ -28,7 +29,7 @@ class FeedForward(nn.Sequential):
     """
 
     def __init__(self, *, d_model: int, d_ff: int, dropout: float) -> None:
-        inner = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # same parameter names either way
+        inner = Dropout(dropout) if dropout > 0 else nn.Identity()  # same parameter names either way
         super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), inner, nn.Linear(d_ff, d_model))
 
 
@@ -38,7 +39,7 @@ class Residual(nn.Module):
     def __init__(self, *, d_model: int, dropout: float, pre_norm: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -211,7 +212,7 @@ class Transformer(Seq2Seq):
         else:
             self.tgt_embed = TokenEmbedding(vocab_size=tgt_vocab_size, d_model=d_model, pad_id=pad_id)
         self.positions = SinusoidalPositions(d_model=d_model, max_len=max_positions)
-        self.embed_dropout = nn.Dropout(dropout)
+        self.embed_dropout = Dropout(dropout)
         self.encoder = nn.ModuleList(
             EncoderLayer(**layer, self_attn=attention["encoder_self"]) for _ in range(encoder_layers)
         )
@@ -238,15 +239,22 @@ class Transformer(Seq2Seq):
             x = layer(x, mask)
         return EncoderOutput(memory=self.encoder_norm(x), mask=mask)
 
-    def decode(self, tgt_in: Tensor, encoded: EncoderOutput) -> Tensor:
-        """Logits (B, T, V) for the whole target prefix at once (training, scoring)."""
+    def decode_features(self, tgt_in: Tensor, encoded: EncoderOutput) -> Tensor:
+        """Final decoder states (B, T, D) for the whole target prefix at once, before the output layer."""
         y = self.embed(tgt_in, self.tgt_embed)
         for layer in self.decoder:
             y = layer(y, encoded.memory, encoded.mask)
-        return self.output(self.decoder_norm(y))
+        return self.decoder_norm(y)
+
+    def decode(self, tgt_in: Tensor, encoded: EncoderOutput) -> Tensor:
+        """Logits (B, T, V) for the whole target prefix at once (training, scoring)."""
+        return self.output(self.decode_features(tgt_in, encoded))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.decode(tgt_in, self.encode(src))
+
+    def output_features(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, nn.Linear]:
+        return self.decode_features(tgt_in, self.encode(src)), self.output
 
     def start_decoding(self, encoded: EncoderOutput) -> TransformerState:
         caches = [

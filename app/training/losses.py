@@ -9,38 +9,57 @@ NLL term, the smoothing term and their gradients.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Summed loss  sum_t [(1 - eps) * (-log p_t[y_t]) + eps * mean_v(-log p_t[v])]  over real targets.
 
-    The gradient w.r.t. the logits of a real target row is  softmax - ((1 - eps) * onehot(y) + eps / V);
-    it is computed in place in the saved log-probabilities, so the graph can be run backward once only.
+    The gradient w.r.t. the logits of a real target row is  softmax - ((1 - eps) * onehot(y) + eps / V).
+    Value and gradient are computed together in the forward pass, a few rows at a time, so the
+    float32 temporaries of a block stay in cache and the (rows x vocabulary) work reads the logits and
+    writes the gradient once each; the gradient is kept in the logits' dtype. Backward only scales it
+    (in place, so the graph can be run backward once only). Without a gradient to compute (validation),
+    the forward pass computes the value alone.
     """
+
+    CACHE_FLOATS = 1 << 20  # float32 elements per temporary block (4 MiB)
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        log_probs = torch.log_softmax(logits.to(dtype), dim=-1)  # (N, V)
+        rows, vocab = logits.shape
+        # Logits in the compute dtype have no cast to save: one block, the gradient built in place.
+        in_place = logits.dtype == dtype
+        block = rows if in_place else max(1, _SmoothedCrossEntropy.CACHE_FLOATS // vocab)
         keep = target != pad_id  # (N,)
-        nll = -log_probs.gather(1, target[:, None]).squeeze(1) * keep
-        smooth = -log_probs.mean(dim=-1) * keep
-        ctx.save_for_backward(log_probs, target, keep)
-        ctx.epsilon = epsilon
-        nll_sum = nll.sum()
+        nll = logits.new_empty(rows, dtype=dtype)  # (N,) -log p[y], then masked
+        smooth = logits.new_empty(rows, dtype=dtype)  # (N,) mean_v -log p[v], then masked
+        need_grad = ctx.needs_input_grad[0]
+        grad = torch.empty_like(logits) if need_grad and not in_place else None  # (N, V)
+        for start in range(0, rows, block):
+            part = slice(start, start + block)
+            log_probs = torch.log_softmax(logits[part].to(dtype), dim=-1)  # (block, V)
+            nll[part] = log_probs.gather(1, target[part, None]).squeeze(1).neg_()
+            smooth[part] = log_probs.mean(dim=-1).neg_()
+            if need_grad:
+                probs = log_probs.exp_().sub_(epsilon / vocab)  # softmax - eps / V, in the same buffer
+                probs.scatter_add_(1, target[part, None], probs.new_full((probs.size(0), 1), epsilon - 1.0))
+                probs.mul_(keep[part, None])
+                if in_place:
+                    grad = probs
+                else:
+                    grad[part] = probs
+        nll_sum = (nll * keep).sum()
         ctx.mark_non_differentiable(nll_sum)
-        return (1.0 - epsilon) * nll_sum + epsilon * smooth.sum(), nll_sum
+        ctx.save_for_backward(grad)
+        return (1.0 - epsilon) * nll_sum + epsilon * (smooth * keep).sum(), nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
-        log_probs, target, keep = ctx.saved_tensors
-        eps, vocab = ctx.epsilon, log_probs.size(-1)
-        grad = log_probs.exp_()  # softmax, reusing the saved buffer
-        grad.sub_(eps / vocab)
-        grad.scatter_add_(1, target[:, None], grad.new_full((grad.size(0), 1), eps - 1.0))
-        grad.mul_((keep.to(grad.dtype) * grad_loss)[:, None])
-        return grad, None, None, None
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_loss.to(grad.dtype)), None, None, None
 
 
 def label_smoothed_nll(
@@ -55,6 +74,86 @@ def label_smoothed_nll(
     flat_logits = logits.reshape(-1, logits.size(-1))
     loss, nll = _SmoothedCrossEntropy.apply(flat_logits, target.reshape(-1), float(epsilon), int(pad_id))
     return loss, nll
+
+
+class _LinearSmoothedCrossEntropy(torch.autograd.Function):
+    """The output layer and :class:`_SmoothedCrossEntropy` in one pass over blocks of rows.
+
+    ``logits = hidden @ weight.T + bias`` is never held for all rows: each block's logits, their loss,
+    their gradient and its products with the layer's weights (the gradients of ``hidden``, ``weight``
+    and ``bias``) are computed while the block is in cache. A (tokens x vocabulary) matrix is the
+    largest tensor of a small model's step; on a CPU a fresh one of that size is mapped and
+    page-faulted on every step, which cost more than the matrix product that fills it (docs/throughput.md).
+    Under autocast the matrix products run in the autocast dtype, like ``nn.Linear``; the softmax in
+    float32. Backward only scales the gradients computed here, so the graph runs backward once only.
+    """
+
+    CACHE_FLOATS = 1 << 21  # float32 elements of a block's (rows x vocabulary) temporaries (8 MiB)
+
+    @staticmethod
+    def forward(
+        ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, epsilon: float, pad_id: int
+    ) -> tuple[Tensor, Tensor]:
+        dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        device = hidden.device.type
+        mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        rows, vocab = hidden.size(0), weight.size(0)
+        block = max(1, _LinearSmoothedCrossEntropy.CACHE_FLOATS // vocab)
+        w = weight.to(mm_dtype)  # (V, D)
+        b = None if bias is None else bias.to(mm_dtype)  # (V,)
+        keep = target != pad_id  # (N,)
+        nll = hidden.new_empty(rows, dtype=dtype)  # (N,) -log p[y], then masked
+        smooth = hidden.new_empty(rows, dtype=dtype)  # (N,) mean_v -log p[v], then masked
+        need_grad = any(ctx.needs_input_grad[:3])
+        if need_grad:
+            grad_hidden = torch.empty_like(hidden)  # (N, D)
+            grad_weight = torch.zeros_like(weight, dtype=dtype)  # (V, D), summed over blocks
+            grad_bias = None if bias is None else torch.zeros_like(bias, dtype=dtype)  # (V,)
+        for start in range(0, rows, block):
+            part = slice(start, start + block)
+            h = hidden[part].to(mm_dtype)  # (block, D)
+            log_probs = torch.log_softmax(F.linear(h, w, b), dim=-1, dtype=dtype)  # (block, V)
+            nll[part] = log_probs.gather(1, target[part, None]).squeeze(1).neg_()
+            smooth[part] = log_probs.mean(dim=-1).neg_()
+            if not need_grad:
+                continue
+            probs = log_probs.exp_().sub_(epsilon / vocab)  # softmax - eps / V, in the same buffer
+            probs.scatter_add_(1, target[part, None], probs.new_full((probs.size(0), 1), epsilon - 1.0))
+            probs.mul_(keep[part, None])  # d loss / d logits of the block
+            grad_logits = probs.to(mm_dtype)
+            grad_hidden[part] = grad_logits @ w
+            grad_weight += grad_logits.t() @ h
+            if grad_bias is not None:
+                grad_bias += probs.sum(dim=0)
+        nll_sum = (nll * keep).sum()
+        ctx.mark_non_differentiable(nll_sum)
+        if need_grad:
+            ctx.grads = (
+                grad_hidden,
+                grad_weight.to(weight.dtype),
+                None if bias is None else grad_bias.to(bias.dtype),
+            )
+        return (1.0 - epsilon) * nll_sum + epsilon * (smooth * keep).sum(), nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
+        grads = [None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in ctx.grads]
+        del ctx.grads
+        return *grads, None, None, None
+
+
+def linear_smoothed_nll(
+    hidden: Tensor, output: nn.Linear, target: Tensor, *, epsilon: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """:func:`label_smoothed_nll` of ``output(hidden)``, without holding the logits of every row.
+
+    ``hidden`` (B, T, D) the states the output layer reads, ``target`` (B, T). The same values and
+    gradients as ``label_smoothed_nll(output(hidden), ...)``, up to rounding.
+    """
+    flat_hidden = hidden.reshape(-1, hidden.size(-1))
+    return _LinearSmoothedCrossEntropy.apply(
+        flat_hidden, output.weight, output.bias, target.reshape(-1), float(epsilon), int(pad_id)
+    )
 
 
 class _SymmetricKL(torch.autograd.Function):

@@ -21,7 +21,7 @@ from app.inference.metrics import corpus_scores
 from app.inference.translator import SearchSettings, Translator
 from app.models.seq2seq import Seq2Seq
 from app.training.distributed import gather_objects
-from app.training.losses import label_smoothed_nll, symmetric_kl
+from app.training.losses import label_smoothed_nll, linear_smoothed_nll, symmetric_kl
 from app.training.optim import build_optimizer, schedule_factor
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class TranslationModule(pl.LightningModule):
         config: dict[str, Any],
         label_smoothing: float = 0.1,
         rdrop_alpha: float = 0.0,
+        fused_loss: bool = True,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -80,6 +81,7 @@ class TranslationModule(pl.LightningModule):
         if rdrop_alpha < 0:
             raise ValueError(f"optim.rdrop_alpha={rdrop_alpha}; it must be >= 0 (0: off)")
         self.rdrop_alpha = rdrop_alpha
+        self.fused_loss = fused_loss
         self.optim_args = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -109,10 +111,18 @@ class TranslationModule(pl.LightningModule):
         return self.model(src, tgt_in)
 
     def _losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
-        logits = self.model(batch.src, batch.tgt_in)
-        loss, nll = label_smoothed_nll(
-            logits, batch.tgt_out, epsilon=self.label_smoothing, pad_id=self.pad_id
-        )
+        """Summed smoothed loss and NLL of one pass; the output layer fused with the loss where it can be."""
+        split = self.model.output_features(batch.src, batch.tgt_in) if self.fused_loss else None
+        if split is None:
+            logits = self.model(batch.src, batch.tgt_in)
+            loss, nll = label_smoothed_nll(
+                logits, batch.tgt_out, epsilon=self.label_smoothing, pad_id=self.pad_id
+            )
+        else:
+            features, output = split
+            loss, nll = linear_smoothed_nll(
+                features, output, batch.tgt_out, epsilon=self.label_smoothing, pad_id=self.pad_id
+            )
         return loss, nll, batch.num_target_tokens
 
     @property

@@ -112,8 +112,10 @@ def build_run(cfg: DictConfig) -> Run:
         pad_id=tgt_tok.pad_id,
     )
     log.info("model: %s parameters", f"{model.num_parameters():,}")
+    optim = dict(config["optim"])
     if cfg.get("compile"):
         model.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay the same
+        optim["fused_loss"] = False  # compile covers forward(); the fused loss would bypass it
     datamodule = TranslationDataModule(
         corpora=corpora,
         src_tokenizer=src_tok,
@@ -138,7 +140,7 @@ def build_run(cfg: DictConfig) -> Run:
         config=config,
         valid_search=SearchSettings(**config["valid_search"]),
         nonfinite_loss=cfg.get("nonfinite_loss", "stop"),
-        **config["optim"],
+        **optim,
     )
     return Run(corpora, module, datamodule, build_trainer(cfg, run_dir), run_dir)
 
