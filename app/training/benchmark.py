@@ -18,6 +18,7 @@ timed on the training device right before and after training (on a CPU 2048 x 20
 threads, on a GPU 8192 x 8192; ``app.hardware.matmul_peak_tflops``). ``mfu`` divides by the peak of
 the precision trained in (bf16 for bf16-mixed, else fp32); ``mfu_bf16`` always by the bf16 peak. Prints a
 summary, or with ``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).
+``--profile N`` records N more steps with ``torch.profiler`` and prints its operator table (stderr).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import json
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +45,7 @@ from app.training.distributed import register_resolvers
 from app.training.task import build_run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PROFILE_ROWS = 25  # operators listed by --profile, by their own (self) CPU time
 
 
 class StepClock(pl.Callback):
@@ -65,6 +68,31 @@ class StepClock(pl.Callback):
             lengths = batch_lengths(batch.src, batch.tgt_out, batch.pad_id)
             passes = pl_module.passes_per_batch  # R-Drop runs the model twice over each batch
             self.flops.append(passes * transformer_training_flops(model, *lengths))
+
+
+class StepProfile(pl.Callback):
+    """``torch.profiler`` over ``steps`` training steps from step ``start``: where a step's time goes."""
+
+    def __init__(self, start: int, steps: int) -> None:
+        self.start, self.steps = start, steps
+        self.profiler: torch.profiler.profile | None = None
+        self.table = ""
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if batch_idx == self.start:
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler.__enter__()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.profiler is not None and batch_idx == self.start + self.steps - 1:
+            self.profiler.__exit__(None, None, None)
+            averages = self.profiler.key_averages()
+            self.table = averages.table(sort_by="self_cpu_time_total", row_limit=PROFILE_ROWS)
+            self.profiler = None
 
 
 def window_rates(counts: list[int], ends: list[float], warmup: int, windows: int, size: int) -> list[float]:
@@ -116,13 +144,21 @@ def bench_config(overrides: list[str], steps: int, out_dir: Path) -> DictConfig:
         return compose("train", overrides=[*overrides, *fixed])
 
 
-def measure(overrides: list[str], warmup: int, windows: int, size: int) -> dict[str, Any]:
-    """Train the configured model for warmup + windows x size steps; throughput and memory figures."""
+def measure(overrides: list[str], warmup: int, windows: int, size: int, profile: int = 0) -> dict[str, Any]:
+    """Train the configured model for warmup + windows x size steps; throughput and memory figures.
+
+    With ``profile`` > 0, ``torch.profiler`` also records that many steps after the timed windows
+    (so it slows none of them); its operator table is returned under ``profile``.
+    """
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-        cfg = bench_config(overrides, warmup + windows * size + 1, Path(tmp))
+        timed = warmup + windows * size + 1
+        cfg = bench_config(overrides, timed + profile, Path(tmp))
         run = build_run(cfg)
         clock = StepClock()
         run.trainer.callbacks.append(clock)
+        profiler = StepProfile(start=timed, steps=profile)
+        if profile:
+            run.trainer.callbacks.append(profiler)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         device = run.trainer.strategy.root_device  # the peak is measured where the model trains
@@ -151,6 +187,7 @@ def measure(overrides: list[str], warmup: int, windows: int, size: int) -> dict[
         "peak_cuda_mb": round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else 0,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         **cpu_description(),
+        **({"profile": profiler.table} if profile else {}),
     }
 
 
@@ -174,12 +211,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-steps", type=int, default=30, help="optimizer steps per window")
     parser.add_argument("--out", type=Path, default=None, help="also append the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also print torch.profiler's top operators over STEPS more steps",
+    )
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
     if min(args.windows, args.window_steps) < 1 or args.warmup_steps < 0:
         parser.error("--windows and --window-steps must be >= 1, --warmup-steps >= 0")
-    result = measure(args.overrides, args.warmup_steps, args.windows, args.window_steps)
+    result = measure(args.overrides, args.warmup_steps, args.windows, args.window_steps, args.profile)
+    table = result.pop("profile", "")
     line = json.dumps(result)
     print(line if args.json else summary(result))
+    if table:
+        print(f"torch.profiler, {args.profile} steps after the timed windows:\n{table}", file=sys.stderr)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as handle:

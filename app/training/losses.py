@@ -13,10 +13,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def _smoothed_rows(
+    log_probs: Tensor, target: Tensor, keep: Tensor, epsilon: float, need_grad: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per row of a block: -log p[y], mean_v -log p[v], and (if asked) d loss / d logits.
+
+    ``log_probs`` (R, V) float, ``target`` and ``keep`` (R,). The gradient of a real row is
+    softmax - ((1 - eps) * onehot(y) + eps / V), and 0 for padding; it is built in ``log_probs``'s buffer.
+    """
+    nll = log_probs.gather(1, target[:, None]).squeeze(1).neg_()  # (R,)
+    smooth = log_probs.mean(dim=-1).neg_()  # (R,)
+    if not need_grad:
+        return nll, smooth, None
+    grad = log_probs.exp_().sub_(epsilon / log_probs.size(-1))  # softmax - eps / V
+    grad.scatter_add_(1, target[:, None], grad.new_full((grad.size(0), 1), epsilon - 1.0))
+    return nll, smooth, grad.mul_(keep[:, None])
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Summed loss  sum_t [(1 - eps) * (-log p_t[y_t]) + eps * mean_v(-log p_t[v])]  over real targets.
 
-    The gradient w.r.t. the logits of a real target row is  softmax - ((1 - eps) * onehot(y) + eps / V).
     Value and gradient are computed together in the forward pass, a few rows at a time, so the
     float32 temporaries of a block stay in cache and the (rows x vocabulary) work reads the logits and
     writes the gradient once each; the gradient is kept in the logits' dtype. Backward only scales it
@@ -41,16 +57,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         for start in range(0, rows, block):
             part = slice(start, start + block)
             log_probs = torch.log_softmax(logits[part].to(dtype), dim=-1)  # (block, V)
-            nll[part] = log_probs.gather(1, target[part, None]).squeeze(1).neg_()
-            smooth[part] = log_probs.mean(dim=-1).neg_()
-            if need_grad:
-                probs = log_probs.exp_().sub_(epsilon / vocab)  # softmax - eps / V, in the same buffer
-                probs.scatter_add_(1, target[part, None], probs.new_full((probs.size(0), 1), epsilon - 1.0))
-                probs.mul_(keep[part, None])
-                if in_place:
-                    grad = probs
-                else:
-                    grad[part] = probs
+            nll[part], smooth[part], block_grad = _smoothed_rows(
+                log_probs, target[part], keep[part], epsilon, need_grad
+            )
+            if block_grad is not None and in_place:
+                grad = block_grad
+            elif block_grad is not None:
+                grad[part] = block_grad
         nll_sum = (nll * keep).sum()
         ctx.mark_non_differentiable(nll_sum)
         ctx.save_for_backward(grad)
@@ -83,7 +96,8 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
     their gradient and its products with the layer's weights (the gradients of ``hidden``, ``weight``
     and ``bias``) are computed while the block is in cache. A (tokens x vocabulary) matrix is the
     largest tensor of a small model's step; on a CPU a fresh one of that size is mapped and
-    page-faulted on every step, which cost more than the matrix product that fills it (docs/throughput.md).
+    page-faulted on every step, which cost about as much as the matrix product that fills it
+    (docs/throughput.md).
     Under autocast the matrix products run in the autocast dtype, like ``nn.Linear``; the softmax in
     float32. Backward only scales the gradients computed here, so the graph runs backward once only.
     """
@@ -97,8 +111,8 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
         dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         device = hidden.device.type
         mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        rows, vocab = hidden.size(0), weight.size(0)
-        block = max(1, _LinearSmoothedCrossEntropy.CACHE_FLOATS // vocab)
+        rows = hidden.size(0)
+        block = max(1, _LinearSmoothedCrossEntropy.CACHE_FLOATS // weight.size(0))
         w = weight.to(mm_dtype)  # (V, D)
         b = None if bias is None else bias.to(mm_dtype)  # (V,)
         keep = target != pad_id  # (N,)
@@ -113,18 +127,16 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
             part = slice(start, start + block)
             h = hidden[part].to(mm_dtype)  # (block, D)
             log_probs = torch.log_softmax(F.linear(h, w, b), dim=-1, dtype=dtype)  # (block, V)
-            nll[part] = log_probs.gather(1, target[part, None]).squeeze(1).neg_()
-            smooth[part] = log_probs.mean(dim=-1).neg_()
-            if not need_grad:
+            nll[part], smooth[part], block_grad = _smoothed_rows(
+                log_probs, target[part], keep[part], epsilon, need_grad
+            )
+            if block_grad is None:
                 continue
-            probs = log_probs.exp_().sub_(epsilon / vocab)  # softmax - eps / V, in the same buffer
-            probs.scatter_add_(1, target[part, None], probs.new_full((probs.size(0), 1), epsilon - 1.0))
-            probs.mul_(keep[part, None])  # d loss / d logits of the block
-            grad_logits = probs.to(mm_dtype)
+            grad_logits = block_grad.to(mm_dtype)  # (block, V)
             grad_hidden[part] = grad_logits @ w
             grad_weight += grad_logits.t() @ h
             if grad_bias is not None:
-                grad_bias += probs.sum(dim=0)
+                grad_bias += block_grad.sum(dim=0)
         nll_sum = (nll * keep).sum()
         ctx.mark_non_differentiable(nll_sum)
         if need_grad:

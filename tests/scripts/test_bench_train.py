@@ -38,6 +38,26 @@ def test_bench_train_reports_median_throughput_and_memory(
     assert (printed["precision"], printed["fused_adamw"]) == ("32-true", False)
 
 
+def test_profile_prints_the_operator_table_after_the_timed_windows(
+    multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_corpus_slice(
+        multi30k_dir, tmp_path / "m30k", {"train": 200, "val": 10, "test_2016_flickr": 5}
+    )
+    overrides = [
+        o
+        for o in tiny_overrides(corpus, tmp_path / "unused", tmp_path / "cache")
+        if not o.startswith(("hydra.", "output_dir="))
+    ]
+    args = ["--warmup-steps", "1", "--windows", "1", "--window-steps", "2", "--profile", "2", "--json"]
+    assert bench.main([*overrides, *args]) == 0
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out.strip().splitlines()[-1])
+    assert "profile" not in printed and len(printed["tokens_per_s_windows"]) == 1
+    assert "torch.profiler, 2 steps after the timed windows" in captured.err
+    assert "aten::mm" in captured.err and "Self CPU" in captured.err
+
+
 def test_the_summary_names_the_headline_figures() -> None:
     result = {
         "tokens_per_s": 1234,
