@@ -12,17 +12,22 @@ from helpers.training import tiny_overrides, write_corpus_slice
 from app.training import benchmark as bench
 
 
-def test_bench_train_reports_median_throughput_and_memory(
-    multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def bench_overrides(multi30k_dir: Path, tmp_path: Path, *extra: str) -> list[str]:
+    """train.py overrides of a tiny model on a 300-pair corpus slice, without the run-directory ones."""
     corpus = write_corpus_slice(
         multi30k_dir, tmp_path / "m30k", {"train": 300, "val": 20, "test_2016_flickr": 10}
     )
-    overrides = [
+    return [
         o
-        for o in tiny_overrides(corpus, tmp_path / "unused", tmp_path / "cache", "optim.fused=false")
+        for o in tiny_overrides(corpus, tmp_path / "unused", tmp_path / "cache", *extra)
         if not o.startswith(("hydra.", "output_dir="))
     ]
+
+
+def test_bench_train_reports_median_throughput_and_memory(
+    multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides = bench_overrides(multi30k_dir, tmp_path, "optim.fused=false")
     out = tmp_path / "bench.jsonl"
     args = ["--warmup-steps", "2", "--windows", "3", "--window-steps", "2", "--out", str(out), "--json"]
     assert bench.main([*overrides[:-1], *args, overrides[-1]]) == 0  # overrides around the options
@@ -41,14 +46,7 @@ def test_bench_train_reports_median_throughput_and_memory(
 def test_profile_prints_the_operator_table_after_the_timed_windows(
     multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    corpus = write_corpus_slice(
-        multi30k_dir, tmp_path / "m30k", {"train": 200, "val": 10, "test_2016_flickr": 5}
-    )
-    overrides = [
-        o
-        for o in tiny_overrides(corpus, tmp_path / "unused", tmp_path / "cache")
-        if not o.startswith(("hydra.", "output_dir="))
-    ]
+    overrides = bench_overrides(multi30k_dir, tmp_path)
     args = ["--warmup-steps", "1", "--windows", "1", "--window-steps", "2", "--profile", "2", "--json"]
     assert bench.main([*overrides, *args]) == 0
     captured = capsys.readouterr()
