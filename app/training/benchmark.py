@@ -18,6 +18,7 @@ timed on the training device right before and after training (on a CPU 2048 x 20
 threads, on a GPU 8192 x 8192; ``app.hardware.matmul_peak_tflops``). ``mfu`` divides by the peak of
 the precision trained in (bf16 for bf16-mixed, else fp32); ``mfu_bf16`` always by the bf16 peak. Prints a
 summary, or with ``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).
+``--table FILE...`` prints earlier ``--out`` files as one Markdown table instead of measuring.
 ``--profile N`` records N more steps with ``torch.profiler`` and prints its operator table (stderr).
 """
 
@@ -201,6 +202,37 @@ def summary(result: dict[str, Any]) -> str:
     )
 
 
+def results_table(paths: list[Path]) -> str:
+    """A Markdown table of benchmark JSON lines: one row per configuration and file, the runs in order.
+
+    Rows keep the first-seen order of (file, overrides); each cell lists that configuration's runs, so
+    alternating rounds written to the same files read side by side.
+    """
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                result = json.loads(line)
+                rows.setdefault((path.name, " ".join(result["overrides"])), []).append(result)
+
+    def cells(runs: list[dict[str, Any]], key: str, scale: float = 1.0, digits: int = 0) -> str:
+        return ", ".join(f"{run[key] * scale:,.{digits}f}" for run in runs if run.get(key) is not None)
+
+    lines = [
+        "| file | overrides | tokens/s | MFU vs bf16 peak (%) | peak bf16 TFLOP/s | peak RSS MB | CPU |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (name, overrides), runs in rows.items():
+        figures = [
+            cells(runs, "tokens_per_s"),
+            cells(runs, "mfu_bf16", 100, 1),
+            cells(runs, "peak_bf16_tflops", 1, 3),
+            cells(runs, "peak_rss_mb"),
+        ]
+        lines.append(f"| {name} | `{overrides}` | {' | '.join(figures)} | {runs[0].get('cpu_model', '')} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -218,7 +250,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="STEPS",
         help="also print torch.profiler's top operators over STEPS more steps",
     )
+    parser.add_argument(
+        "--table",
+        type=Path,
+        nargs="+",
+        metavar="JSONL",
+        help="print earlier results (--out files) as a Markdown table instead of measuring",
+    )
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
+    if args.table:
+        print(results_table(args.table))
+        return 0
     if min(args.windows, args.window_steps) < 1 or args.warmup_steps < 0:
         parser.error("--windows and --window-steps must be >= 1, --warmup-steps >= 0")
     result = measure(args.overrides, args.warmup_steps, args.windows, args.window_steps, args.profile)

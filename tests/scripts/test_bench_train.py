@@ -56,6 +56,24 @@ def test_profile_prints_the_operator_table_after_the_timed_windows(
     assert "aten::mm" in captured.err and "Self CPU" in captured.err
 
 
+def test_table_lists_each_configuration_of_each_file_with_its_runs_in_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def line(overrides: list[str], tokens: int, mfu: float) -> str:
+        fields = {"tokens_per_s": tokens, "mfu_bf16": mfu, "peak_bf16_tflops": 0.5, "peak_rss_mb": 1200}
+        return json.dumps({"overrides": overrides, **fields, "cpu_model": "Some CPU"})
+
+    before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    before.write_text(line(["experiment=a"], 100, 0.1) + "\n" + line(["experiment=b"], 50, 0.2) + "\n")
+    after.write_text(line(["experiment=a"], 150, 0.15) + "\n\n" + line(["experiment=a"], 170, 0.17) + "\n")
+    assert bench.main(["--table", str(before), str(after)]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 5  # header, rule, three (file, overrides) rows
+    assert rows[2] == "| before.jsonl | `experiment=a` | 100 | 10.0 | 0.500 | 1,200 | Some CPU |"
+    assert rows[3].startswith("| before.jsonl | `experiment=b` | 50 | 20.0 |")
+    assert rows[4].startswith("| after.jsonl | `experiment=a` | 150, 170 | 15.0, 17.0 |")
+
+
 def test_the_summary_names_the_headline_figures() -> None:
     result = {
         "tokens_per_s": 1234,
