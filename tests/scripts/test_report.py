@@ -172,9 +172,23 @@ def test_a_failed_file_marks_the_job_failed_with_its_error(tmp_path: Path) -> No
     assert read_run(run).status == "missing"
 
 
-def test_the_readme_quotes_the_committed_transformer_report_as_written() -> None:
-    """The README's ablation table is the report's headline table, not a hand-made copy."""
-    report_md = (REPO_ROOT / "docs/ablation/transformer_gpu_2min/report.md").read_text()
-    start = report_md.index("| variant | params | steps |")
-    table = report_md[start : report_md.index("\n\n", start)]
-    assert table in (REPO_ROOT / "README.md").read_text()
+def headline_table(report_md: Path) -> str:
+    """The first table of a committed report.md (its headline: one row per variant)."""
+    text = report_md.read_text()
+    start = text.index("| variant | params | steps |")
+    return text[start : text.index("\n\n", start)]
+
+
+@pytest.mark.parametrize(
+    ("quoted_in", "sweep"),
+    [
+        ("README.md", "transformer_gpu_2min"),
+        ("docs/ablation.md", "transformer_gpu_2min"),
+        ("docs/ablation.md", "transformer_cpu_4min"),
+        ("docs/ablation.md", "rnn_3min"),
+    ],
+)
+def test_the_docs_quote_the_committed_reports_as_written(quoted_in: str, sweep: str) -> None:
+    """The ablation tables in the README and docs are the reports' headline tables, not hand-made copies."""
+    table = headline_table(REPO_ROOT / "docs/ablation" / sweep / "report.md")
+    assert table in (REPO_ROOT / quoted_in).read_text()
