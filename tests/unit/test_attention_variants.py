@@ -25,7 +25,13 @@ from app.attention import AttentionConfigError, KVCache, MultiHeadAttention, bui
 from app.attention.config import site_specs
 from app.attention.kernels import flash as flash_module
 from app.attention.kernels.linear import LinearAttention, orthogonal_random_features
-from app.attention.kernels.sparse import PATTERNS, SparseAttention, pattern_mask, random_key_blocks
+from app.attention.kernels.sparse import (
+    PATTERNS,
+    SparseAttention,
+    pattern_covers_all,
+    pattern_mask,
+    random_key_blocks,
+)
 from app.models import build_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -173,6 +179,36 @@ def test_pattern_mask_is_the_papers_pattern(name: str, tq: int, tk: int, causal:
     assert torch.equal(mask, expected)
     if tq == tk and not causal and kernel.settings.num_global == 0:
         assert not mask.all()  # a real restriction at this size, not dense attention in disguise
+
+
+@pytest.mark.parametrize("name", SPARSE_SETTINGS)
+def test_the_dense_shortcut_is_taken_only_where_the_pattern_hides_nothing(name: str) -> None:
+    """pattern_covers_all (which sends a call to dense attention) claims full coverage only where the
+    explicit pattern shows it, and finds it for short calls: a decoding step over a window-sized cache."""
+    settings = sparse_kernel(name).settings
+    covered = []
+    for tq in range(1, 9):
+        for tk in range(1, 9):
+            if pattern_covers_all(settings, tq, tk):
+                assert pattern_mask(settings, tq, tk, causal=False).all(), (tq, tk)
+                covered.append((tq, tk))
+    reach = settings.stride if settings.pattern == "fixed" else settings.window + 1  # 3 keys
+    assert (1, reach) in covered and (1, reach + 1) not in covered  # one query over a truncated cache
+
+
+@pytest.mark.parametrize("name", SPARSE_SETTINGS)
+def test_sparse_equals_its_blockwise_form_where_the_dense_shortcut_applies(name: str) -> None:
+    """Where the shortcut applies, the answer is the one the blockwise path gives (forced here by a
+    pattern too narrow to take it, whose global positions nevertheless reach every key)."""
+    case = Case(heads=4, kv_heads=2, tq=3, tk=3, causal=True, padded=True)
+    q, k, v, key_mask = random_inputs(case)
+    shortcut = sparse_kernel(name)(q, k, v, key_mask=key_mask, causal=True, need_weights=True)
+    narrow = sparse_kernel(name, window=0, stride=1, num_global=3)
+    blockwise = narrow(q, k, v, key_mask=key_mask, causal=True, need_weights=True)
+    assert pattern_covers_all(sparse_kernel(name).settings, 3, 3)
+    assert not pattern_covers_all(narrow.settings, 3, 3)
+    torch.testing.assert_close(shortcut.context, blockwise.context, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(shortcut.weights, blockwise.weights, rtol=1e-12, atol=1e-12)
 
 
 def test_sliding_window_is_inclusive_and_one_sided() -> None:

@@ -46,6 +46,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
+from app.attention.kernels.eager import EagerAttention
 from app.attention.registry import AttentionConfigError, register_kernel
 
 PATTERNS = ("sliding_window", "strided", "fixed", "global_window", "random_blocks")
@@ -163,6 +164,17 @@ def pattern_mask(
 # --- which keys a block of queries gathers ------------------------------------------------------------
 
 
+def pattern_covers_all(settings: SparsePattern, tq: int, tk: int) -> bool:
+    """Whether every key is visible to every query of a (Tq, Tk) call (queries are the last Tq positions):
+    the band reaches across all of them (``|p - j| <= max(Tq, Tk) - 1 <= window``), or for ``fixed`` all
+    positions share one stride block. Causality and key padding only hide keys, so the call then equals
+    dense attention under the same key and causal masks."""
+    s = settings
+    if s.pattern in _BANDED:
+        return max(tq, tk) - 1 <= s.window
+    return s.pattern == "fixed" and tq <= tk <= s.stride
+
+
 def _shared_keys(
     settings: SparsePattern, p0: int, p1: int, *, tk: int, causal: bool, device: torch.device
 ) -> Tensor:
@@ -206,6 +218,11 @@ def _query_blocks(settings: SparsePattern, tq: int, offset: int) -> Iterator[tup
 
 
 # --- the kernel ---------------------------------------------------------------------------------------
+
+# Where the pattern hides nothing, the sparse kernel is dense attention: the reference kernel's few large
+# operations then beat gathering keys per query block (a sentence shorter than the window, and every
+# decoding step once a sliding window's cache is truncated to window + 1 keys). Stateless, so shared.
+_DENSE = EagerAttention()
 
 
 @register_kernel("sparse")
@@ -299,6 +316,10 @@ class SparseAttention(AttentionKernel):
     ) -> AttentionOutput:
         batch, heads, tq, dim = q.shape
         kv_heads, tk = k.size(1), k.size(2)
+        if tq and pattern_covers_all(self.settings, tq, tk):  # e.g. a decoding step over a window's cache
+            return _DENSE(
+                q, k, v, key_mask=key_mask, causal=causal, dropout_p=dropout_p, need_weights=need_weights
+            )
         qg = q.unflatten(1, (kv_heads, heads // kv_heads)) / math.sqrt(dim)  # (B, Hkv, G, Tq, Dh)
         contexts, weights = [], []
         offset = tk - tq  # query i sits at position i + offset
