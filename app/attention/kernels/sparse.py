@@ -161,9 +161,6 @@ def pattern_mask(
     return pattern_visible(settings, p, j, tk=tk, causal=causal)
 
 
-# --- which keys a block of queries gathers ------------------------------------------------------------
-
-
 def pattern_covers_all(settings: SparsePattern, tq: int, tk: int) -> bool:
     """Whether every key is visible to every query of a (Tq, Tk) call (queries are the last Tq positions):
     the band reaches across all of them (``|p - j| <= max(Tq, Tk) - 1 <= window``), or for ``fixed`` all
@@ -173,6 +170,9 @@ def pattern_covers_all(settings: SparsePattern, tq: int, tk: int) -> bool:
     if s.pattern in _BANDED:
         return max(tq, tk) - 1 <= s.window
     return s.pattern == "fixed" and tq <= tk <= s.stride
+
+
+# --- which keys a block of queries gathers ------------------------------------------------------------
 
 
 def _shared_keys(
