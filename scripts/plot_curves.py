@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.inference.selection import METRICS
+from app.inference.selection import SELECTION_METRICS
 from app.reports.curves import plot_curves
 from app.reports.runs import Run, read_metrics
 
@@ -25,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (with csv/metrics.csv)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
-    parser.add_argument("--metric", choices=METRICS, default="bleu", help="validation BLEU to plot")
+    parser.add_argument("--metric", choices=SELECTION_METRICS, default="bleu", help="validation BLEU to plot")
     args = parser.parse_args()
     # Only the metrics are needed: older committed runs may lack .hydra/config.yaml.
     runs = [Run(path=p, config={}, metrics=read_metrics(p), results=None, log_tail="") for p in args.runs]

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from app.training.task import rescore_run  # noqa: E402
+from app.inference.run_scoring import rescore_run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

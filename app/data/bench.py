@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 from app.data.batch import Batch
 from app.data.synthetic import write_synthetic_corpus
 from app.training.benchmark import bench_config as bounded_train_config
-from app.training.task import build_run
+from app.training.task import build_fit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASE = REPO_ROOT / "../shared/data/multi30k"
@@ -115,7 +115,7 @@ class StepClock(pl.Callback):
 def prepare_phase(cfg: DictConfig) -> dict[str, Any]:
     """Build everything up to the encoded, filtered splits; time it (the cache is expected empty)."""
     started = time.perf_counter()
-    run = build_run(cfg)
+    run = build_fit(cfg)
     run.datamodule.setup("fit")
     return {
         "prep_s": round(time.perf_counter() - started, 2),
@@ -128,7 +128,7 @@ def prepare_phase(cfg: DictConfig) -> dict[str, Any]:
 def loader_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
     """The data pipeline alone, from the warm cache: ``steps`` training batches with no model (median
     time per batch) and the batches' shape, which sets the model's cost per real token."""
-    run = build_run(cfg)
+    run = build_fit(cfg)
     run.datamodule.setup("fit")
     batches = iter(run.datamodule.train_dataloader())
     next(batches)  # the epoch's order is packed here
@@ -150,7 +150,7 @@ def loader_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
 def train_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
     """Start from the warm cache and train ``steps`` steps; start-up time, throughput and memory."""
     started = time.perf_counter()
-    run = build_run(cfg)
+    run = build_fit(cfg)
     clock = StepClock()
     run.trainer.callbacks.append(clock)
     run.trainer.fit(run.module, datamodule=run.datamodule)

@@ -28,9 +28,9 @@ import torch
 
 from app.checkpoint import CheckpointError
 from app.decoding import Sampling
-from app.inference.engines import ENGINES, Engine, TorchEngine, Translation, open_engine
+from app.inference.engine import Engine, SearchSettings, Translation
+from app.inference.engines import ENGINES, open_engine
 from app.inference.evaluate import Evaluation, evaluate
-from app.inference.translator import SearchSettings, Translator
 from app.io import atomic_write
 
 
@@ -170,7 +170,7 @@ class PlotSettings:
 
 
 def translate_group(
-    translator: Translator | Engine,
+    engine: Engine,
     group: list[str],
     settings: SearchSettings,
     *,
@@ -181,19 +181,13 @@ def translate_group(
 ) -> list[str]:
     """Output lines for ``group``; with ``plots``, also one heatmap per non-empty line."""
     if jsonl:
-        found = translator.translate_nbest(group, settings, on_truncate, details=True)
+        found = engine.translate_nbest(group, settings, on_truncate, details=True)
         return [jsonl_record(line, hyps) for line, hyps in zip(group, found, strict=True)]
     if plots is None:
-        return translator.translate(group, settings, on_truncate=on_truncate)
-    if isinstance(translator, TorchEngine):
-        translator = translator.translator
-    if not isinstance(translator, Translator):
-        raise ValueError(f"--plot-attention needs the torch engine, not {translator.name}")
+        return engine.translate(group, settings, on_truncate=on_truncate)
     from app.attention.plot import plot_file_name, save_attention_plot  # matplotlib: only when plotting
 
-    maps = translator.translate_with_attention(
-        group, settings, layer=plots.layer, head=plots.head, on_truncate=on_truncate
-    )
+    maps = engine.attention_maps(group, settings, layer=plots.layer, head=plots.head, on_truncate=on_truncate)
     for index, attention in enumerate(maps):
         if attention is not None:
             line = first_line + index
@@ -203,7 +197,7 @@ def translate_group(
 
 
 def translate_stream(
-    translator: Translator | Engine,
+    engine: Engine,
     lines: Iterable[str],
     out: TextIO,
     settings: SearchSettings,
@@ -220,12 +214,12 @@ def translate_stream(
         def warn_truncated(index: int, length: int, offset: int = offset) -> None:
             print(
                 f"warning: line {offset + index + 1}: {length} subwords exceed the model's limit of "
-                f"{translator.max_source_tokens}; truncated",
+                f"{engine.max_source_tokens}; truncated",
                 file=sys.stderr,
             )
 
         texts = translate_group(
-            translator,
+            engine,
             group,
             settings,
             first_line=offset + 1,
@@ -244,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         settings = search_settings(args)
-        translator = open_engine(
+        engine = open_engine(
             args.checkpoint,
             engine=args.engine,
             device=args.device,
@@ -268,12 +262,12 @@ def main(argv: list[str] | None = None) -> int:
             lines = input_lines(args, stack)
             out = stack.enter_context(output_file(args.output))
             if args.ref:
-                evaluation = score_against_reference(translator, list(lines), args, settings, out)
+                evaluation = score_against_reference(engine, list(lines), args, settings, out)
                 print(format_evaluation(evaluation), file=sys.stderr)
             else:
                 interactive = not args.sentences and not args.input and sys.stdin.isatty()
                 translate_stream(
-                    translator,
+                    engine,
                     lines,
                     out,
                     settings,
@@ -323,7 +317,7 @@ def input_name(args: argparse.Namespace) -> str:
 
 
 def score_against_reference(
-    translator: Translator | Engine,
+    engine: Engine,
     sentences: list[str],
     args: argparse.Namespace,
     settings: SearchSettings,
@@ -344,12 +338,12 @@ def score_against_reference(
     def warn_truncated(index: int, length: int) -> None:
         print(
             f"warning: line {index + 1}: {length} subwords exceed the model's limit of "
-            f"{translator.max_source_tokens}; truncated",
+            f"{engine.max_source_tokens}; truncated",
             file=sys.stderr,
         )
 
     evaluation = evaluate(
-        translator, sentences, references, settings, test_set=args.ref, on_truncate=warn_truncated
+        engine, sentences, references, settings, test_set=args.ref, on_truncate=warn_truncated
     )
     for text in evaluation.hypotheses:
         out.write(text.replace("\n", " ") + "\n")

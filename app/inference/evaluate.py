@@ -1,14 +1,14 @@
-"""``evaluate(checkpoint, sources, references, settings)``: translate a test set, time it, score it.
+"""``evaluate(engine, sources, references, settings)``: translate a test set, time it, score it.
 
-The one place that turns a checkpoint into test scores and decoding speed. Training (results.json),
-``translate.py --ref`` and ``scripts/bench_decode.py`` all call it, so their numbers are measured the
-same way: the time covers tokenization, length-sorted batching, search and detokenization (what a user
-of ``translate.py`` waits for), and the scores are sacreBLEU's (:mod:`app.inference.metrics`).
+The one place that turns an engine into test scores and decoding speed. Training (results.json),
+choosing on validation, ``translate.py --ref``, the benchmarks and the reports all call it, so their
+numbers are measured the same way: the time covers tokenization, length-sorted batching, search and
+detokenization (what a user of ``translate.py`` waits for), and the scores are sacreBLEU's
+(:mod:`app.inference.metrics`).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,9 +16,8 @@ from typing import Any
 
 import torch
 
-from app.inference.engines import Engine
+from app.inference.engine import Engine, SearchSettings
 from app.inference.metrics import Scores, corpus_scores
-from app.inference.translator import SearchSettings, Translator, load_translator
 
 
 @dataclass(frozen=True)
@@ -76,59 +75,53 @@ class Evaluation:
 
 
 def evaluate(
-    checkpoint: str | os.PathLike[str] | Translator | Engine,
+    engine: Engine,
     sources: list[str],
     references: list[str] | None,
     settings: SearchSettings,
     *,
-    device: str | torch.device = "cpu",
     test_set: str = "test",
     target_lang: str | None = None,
     warmup: bool = False,
     on_truncate: Callable[[int, int], None] | None = None,
 ) -> Evaluation:
-    """Translate ``sources`` with ``checkpoint`` on ``device``, time it, and score against ``references``.
+    """Translate ``sources`` with ``engine``, time it, and score against ``references``.
 
-    ``checkpoint`` may be an already loaded :class:`Translator` or inference engine (then ``device`` is
-    where it already is), so a benchmark can time several settings without reloading. ``warmup`` first
+    The engine is loaded once by the caller (:func:`app.inference.engines.open_engine`), so a benchmark
+    or a validation grid can time several settings without reloading. ``warmup`` first
     translates one batch untimed (allocator and kernel caches warm, as in a long-running server).
     ``target_lang`` (an ISO code) adds the Moses-tokenized lowercased BLEU to the scores.
     Reference counts that differ from the source count raise ValueError before anything is translated.
     """
     if references is not None and len(references) != len(sources):
         raise ValueError(f"{len(sources)} source sentences but {len(references)} references")
-    if isinstance(checkpoint, (str, os.PathLike)):
-        translator, _ = load_translator(checkpoint, device=device)
-        name = str(checkpoint)
-    else:
-        translator, name = checkpoint, "<loaded model>"
     if warmup:
-        translator.translate(sources[: settings.batch_size], settings)
-    hypotheses, seconds = timed_translation(translator, sources, settings, on_truncate)
+        engine.translate(sources[: settings.batch_size], settings)
+    hypotheses, seconds = timed_translation(engine, sources, settings, on_truncate)
     return Evaluation(
-        checkpoint=name,
+        checkpoint=engine.source,
         test_set=test_set,
         settings=settings,
         hypotheses=hypotheses,
         scores=corpus_scores(hypotheses, references, target_lang) if references is not None else None,
         seconds=seconds,
-        target_tokens=sum(len(ids) for ids in translator.tgt_tokenizer.encode(hypotheses)),
+        target_tokens=sum(len(ids) for ids in engine.tgt_tokenizer.encode(hypotheses)),
         threads=torch.get_num_threads(),
-        device=str(translator.device),
+        device=str(engine.device),
     )
 
 
 def timed_translation(
-    translator: Translator | Engine,
+    engine: Engine,
     sources: list[str],
     settings: SearchSettings,
     on_truncate: Callable[[int, int], None] | None = None,
 ) -> tuple[list[str], float]:
     """Translations of ``sources`` and the seconds they took (GPU work finished before the clock stops)."""
-    synchronize(translator.device)
+    synchronize(engine.device)
     started = time.perf_counter()
-    hypotheses = translator.translate(sources, settings, on_truncate=on_truncate)
-    synchronize(translator.device)
+    hypotheses = engine.translate(sources, settings, on_truncate=on_truncate)
+    synchronize(engine.device)
     return hypotheses, time.perf_counter() - started
 
 

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 
+from app.inference.engine import SearchSettings
+from app.inference.engines import open_engine
 from app.inference.evaluate import evaluate
-from app.inference.translator import SearchSettings, load_translator
+
+SELECTION_METRICS = ("bleu", "bleu_lc")  # what validation can maximise: cased or lowercased BLEU
+SELECTION_OPTIONS = ("alpha", "average_last", "beam", "metric")  # the keys of the ``selection`` config
 
 
 @dataclass(frozen=True)
@@ -55,15 +60,12 @@ def validation_trials(
         raise ValueError("validation_trials needs at least one checkpoint and one search setting")
     trials = []
     for checkpoint in checkpoints:
-        translator, _ = load_translator(checkpoint, device=device)  # loaded once for the whole grid
+        engine = open_engine(checkpoint, engine="torch", device=str(device))  # once for the whole grid
         for settings in grid:
-            scores = evaluate(translator, sources, references, settings).scores
+            scores = evaluate(engine, sources, references, settings).scores
             assert scores is not None  # references were given
             trials.append(Trial(str(checkpoint), settings.beam, settings.alpha, scores.bleu, scores.bleu_lc))
     return trials
-
-
-METRICS = ("bleu", "bleu_lc")  # what validation can maximise: cased or lowercased BLEU
 
 
 def best_trial(trials: Sequence[Trial], metric: str = "bleu") -> Trial:
@@ -71,6 +73,37 @@ def best_trial(trials: Sequence[Trial], metric: str = "bleu") -> Trial:
     (the best checkpoint and the first settings come first, so a tie keeps the simpler choice)."""
     if not trials:
         raise ValueError("best_trial needs at least one trial")
-    if metric not in METRICS:
-        raise ValueError(f"unknown selection metric {metric!r}; valid: {', '.join(METRICS)}")
+    if metric not in SELECTION_METRICS:
+        raise ValueError(f"unknown selection metric {metric!r}; valid: {', '.join(SELECTION_METRICS)}")
     return max(trials, key=lambda trial: getattr(trial, metric))  # max keeps the first of equal keys
+
+
+def validation_metric(config: Mapping[str, Any]) -> str:
+    """What validation maximises (``selection.metric``): best.ckpt, early stopping and the decoding grid."""
+    return (config.get("selection") or {}).get("metric") or "bleu"
+
+
+def check_selection(config: Mapping[str, Any]) -> None:
+    """Refuse, before training (or rescoring), a ``selection`` that could not be carried out after it."""
+    choice = config.get("selection") or {}
+    unknown = sorted(set(choice) - set(SELECTION_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"unknown selection option(s) {unknown}; valid options: {', '.join(SELECTION_OPTIONS)}"
+        )
+    if validation_metric(config) not in SELECTION_METRICS:
+        raise ValueError(
+            f"selection.metric={choice.get('metric')!r}; valid choices: {', '.join(SELECTION_METRICS)}"
+        )
+    for key in ("beam", "alpha"):
+        values = choice.get(key)
+        if values is not None and (isinstance(values, (str, int, float)) or not len(values)):
+            raise ValueError(f"selection.{key} must be a non-empty list (e.g. [4, 5]) or null: {values!r}")
+    checkpoint = config.get("checkpoint") or {}
+    last, keep = choice.get("average_last") or 0, checkpoint.get("keep_last") or 0
+    if last and (last > keep or not checkpoint.get("every_n_steps")):
+        raise ValueError(
+            f"selection.average_last={last} averages step checkpoints, but checkpoint.keep_last={keep} "
+            f"and checkpoint.every_n_steps={checkpoint.get('every_n_steps')}: set keep_last >= {last} "
+            "and every_n_steps"
+        )

@@ -1,15 +1,15 @@
-"""Sentences in, sentences out: tokenization, batching by length, search, detokenization.
+"""The torch engine: our model and search, sentences in, sentences out.
 
-Used by validation during training and by ``translate.py``. Order is always kept, an empty input
-gives an empty output, and a source longer than the model accepts is truncated (reported through
-``on_truncate``), never dropped.
+Tokenization, batching by length, search (app/decoding), detokenization. Used by validation during
+training and, as an :class:`~app.inference.engine.Engine`, by everything that translates. Order is always
+kept, an empty input gives an empty output, and a source longer than the model accepts is truncated
+(reported through ``on_truncate``), never dropped.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -17,11 +17,20 @@ from app.checkpoint import CheckpointError, LoadedModel, load_model
 from app.data.tokenizer import Tokenizer
 from app.decoding import (
     Hypothesis,
-    Sampling,
     beam_hypotheses,
     greedy_hypotheses,
     output_limits,
     sample_search,
+)
+from app.inference.engine import (
+    AttentionMap,
+    Engine,
+    SearchSettings,
+    Translation,
+    Truncated,
+    fill_blank,
+    on_subset,
+    split_blank,
 )
 from app.models.ensemble import Ensemble
 from app.models.seq2seq import Seq2Seq
@@ -29,43 +38,22 @@ from app.models.seq2seq import Seq2Seq
 PathLike = str | os.PathLike[str]
 
 
-@dataclass(frozen=True)
-class SearchSettings:
-    beam: int = 5  # 1 = greedy search
-    alpha: float = 0.6  # GNMT length penalty exponent (beam search only)
-    max_len: int = 256  # hard cap on output tokens
-    len_ratio: float = 1.5  # per-sentence cap: len_ratio * source tokens + len_extra
-    len_extra: int = 10
-    batch_size: int = 64  # sentences per search batch
-    nbest: int = 1  # hypotheses per sentence: at most ``beam``, or any number of samples
-    sampling: Sampling | None = None  # sample instead of searching (``beam`` is then ignored)
+class Translator(Engine):
+    """A trained model with its tokenizers, ready to translate text: the torch engine."""
 
-    def __post_init__(self) -> None:
-        if self.beam < 1 or self.batch_size < 1 or self.max_len < 1 or self.nbest < 1:
-            raise ValueError(
-                f"beam ({self.beam}), batch_size ({self.batch_size}), max_len ({self.max_len}) and "
-                f"nbest ({self.nbest}) must all be >= 1"
-            )
-        if self.sampling is None and self.nbest > self.beam:
-            raise ValueError(f"nbest={self.nbest} needs a beam at least as wide (got beam={self.beam})")
+    name = "torch"
 
-
-@dataclass
-class AttentionMap:
-    """One translated sentence with its cross-attention: target positions against source positions."""
-
-    translation: str
-    source_tokens: list[str]  # subword pieces of the source, then </s>
-    target_tokens: list[str]  # subword pieces of the output, then </s>
-    weights: torch.Tensor = field(repr=False)  # (len(target_tokens), len(source_tokens)), rows sum to 1
-
-
-class Translator:
-    """A trained model with its tokenizers, ready to translate text."""
-
-    def __init__(self, model: Seq2Seq, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        model: Seq2Seq,
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer,
+        *,
+        source: str = "<in memory>",
+    ) -> None:
         self.model = model
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        self.source = source
 
     @property
     def device(self) -> torch.device:
@@ -76,50 +64,71 @@ class Translator:
         """Subword tokens a source may have before EOS is appended."""
         return self.model.max_positions - 1
 
-    def encode_sources(
-        self, sentences: list[str], on_truncate: Callable[[int, int], None] | None = None
-    ) -> list[list[int]]:
+    def encode_sources(self, sentences: list[str], on_truncate: Truncated | None = None) -> list[list[int]]:
         """Source ids with EOS, truncated to the model's limit (``on_truncate(index, length)``)."""
         return encode_sources(self.src_tokenizer, sentences, self.max_source_tokens, on_truncate)
 
     def translate(
-        self,
-        sentences: list[str],
-        settings: SearchSettings,
-        on_truncate: Callable[[int, int], None] | None = None,
+        self, sentences: list[str], settings: SearchSettings, on_truncate: Truncated | None = None
     ) -> list[str]:
         """One translation per sentence, in order; blank sentences translate to ''."""
         outputs = [""] * len(sentences)
-        todo = [i for i, s in enumerate(sentences) if s.strip()]
-        sources = self.encode_sources(
-            [sentences[i] for i in todo],
-            on_truncate=(lambda j, n: on_truncate(todo[j], n)) if on_truncate else None,
-        )
+        todo = split_blank(sentences)
+        sources = self.encode_sources([sentences[i] for i in todo], on_subset(todo, on_truncate))
         hyps = self.translate_ids(sources, settings)
         for index, text in zip(todo, self.tgt_tokenizer.decode(hyps), strict=True):
             outputs[index] = text
         return outputs
 
+    def translate_nbest(
+        self,
+        sentences: list[str],
+        settings: SearchSettings,
+        on_truncate: Truncated | None = None,
+        *,
+        details: bool = False,
+    ) -> list[list[Translation]]:
+        """``settings.nbest`` translations per sentence, best first; ``details`` adds alignments."""
+        todo = split_blank(sentences)
+        sources = self.encode_sources([sentences[i] for i in todo], on_subset(todo, on_truncate))
+        results = []
+        for source, hyps in zip(sources, self.hypotheses(sources, settings), strict=True):
+            texts = self.tgt_tokenizer.decode([h.tokens for h in hyps])
+            results.append(
+                [
+                    Translation(text, h.score, h.token_scores, self.alignment(source, h) if details else None)
+                    for text, h in zip(texts, hyps, strict=True)
+                ]
+            )
+        return fill_blank(len(sentences), todo, results)
+
+    def alignment(self, source: list[int], hyp: Hypothesis) -> list[tuple[int, int]] | None:
+        """Each output subword's most attended source subword (last decoder layer, mean over heads)."""
+        if not hyp.tokens:
+            return []
+        try:
+            weights = self.attention_map(source, hyp.tokens).weights  # (T+1, S), EOS rows last
+        except ValueError:  # a model family or kernel without attention weights
+            return None
+        return [(t, int(s)) for t, s in enumerate(weights[: len(hyp.tokens)].argmax(dim=-1).tolist())]
+
     @torch.no_grad()
-    def translate_with_attention(
+    def attention_maps(
         self,
         sentences: list[str],
         settings: SearchSettings,
         *,
         layer: int | None = None,
         head: int | None = None,
-        on_truncate: Callable[[int, int], None] | None = None,
+        on_truncate: Truncated | None = None,
     ) -> list[AttentionMap | None]:
         """Translations with their attention maps, in order; None for blank sentences.
 
         The output is searched as in :meth:`translate`, then re-read with teacher forcing to collect the
         weights: ``layer`` / ``head`` as in :meth:`~app.models.seq2seq.Seq2Seq.cross_attention`.
         """
-        todo = [i for i, s in enumerate(sentences) if s.strip()]
-        sources = self.encode_sources(
-            [sentences[i] for i in todo],
-            on_truncate=(lambda j, n: on_truncate(todo[j], n)) if on_truncate else None,
-        )
+        todo = split_blank(sentences)
+        sources = self.encode_sources([sentences[i] for i in todo], on_subset(todo, on_truncate))
         hyps = self.translate_ids(sources, settings)
         maps: list[AttentionMap | None] = [None] * len(sentences)
         for index, source, hyp in zip(todo, sources, hyps, strict=True):
@@ -212,7 +221,7 @@ def load_translator(
             check_same_vocabulary(loaded, path, member, other)
             members.append(member.model)
         model = Ensemble(members).eval()
-    return Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer), loaded.config
+    return Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path)), loaded.config
 
 
 def check_same_vocabulary(
@@ -232,7 +241,7 @@ def encode_sources(
     tokenizer: Tokenizer,
     sentences: list[str],
     limit: int,
-    on_truncate: Callable[[int, int], None] | None = None,
+    on_truncate: Truncated | None = None,
 ) -> list[list[int]]:
     """Source ids with EOS, cut to ``limit`` subwords first (reported as ``on_truncate(index, length)``)."""
     encoded = tokenizer.encode(sentences)

@@ -43,7 +43,7 @@ from app.data.batch import Batch
 from app.hardware import cpu_description, matmul_peak_tflops
 from app.models.flops import batch_lengths, supports_flop_count, transformer_training_flops
 from app.training.distributed import register_resolvers
-from app.training.task import build_run
+from app.training.task import build_fit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILE_ROWS = 25  # operators listed by --profile, by their own (self) CPU time
@@ -154,7 +154,7 @@ def measure(overrides: list[str], warmup: int, windows: int, size: int, profile:
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         timed = warmup + windows * size + 1
         cfg = bench_config(overrides, timed + profile, Path(tmp))
-        run = build_run(cfg)
+        run = build_fit(cfg)
         clock = StepClock()
         run.trainer.callbacks.append(clock)
         profiler = StepProfile(start=timed, steps=profile)

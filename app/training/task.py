@@ -5,10 +5,9 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
 import resource
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
-from app.checkpoint import (
-    CHECKPOINT_KEY,
-    average_checkpoints,
-    read_checkpoint,
-    save_atomically,
-    step_checkpoints,
-)
-from app.data.corpus import to_parallel_text
 from app.data.datamodule import TranslationDataModule
 from app.data.encoded import text_column
 from app.data.sources import load_corpora
 from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, settings_from_config, train_or_load
 from app.hardware import machine_description, resolve_precision
-from app.inference.evaluate import Evaluation, evaluate
-from app.inference.selection import METRICS, best_trial, search_grid, validation_trials
-from app.inference.translator import SearchSettings
-from app.io import atomic_write
+from app.inference.engine import SearchSettings
+from app.inference.run_scoring import score_run
+from app.inference.selection import check_selection, validation_metric
 from app.models import build_model
+from app.rundir import BEST, STEP_STEM, RunDir
 from app.training.callbacks import (
     NO_TIME_BUDGET,
     BatchSamplerEpoch,
@@ -54,19 +45,16 @@ from app.training.optim import AUTO, schedule_factor
 
 log = logging.getLogger(__name__)
 
-TEST_HYPOTHESES = "test.hyp"  # the run directory's test-set translations, written with results.json
-AVERAGED_CHECKPOINT = "averaged.ckpt"  # selection.average_last's candidate, beside best.ckpt
-
 
 @dataclass
-class Run:
-    """Everything ``trainer.fit`` needs, built from a config (see :func:`build_run`)."""
+class Fit:
+    """Everything ``trainer.fit`` needs, built from a config (see :func:`build_fit`)."""
 
     corpora: dict[str, datasets.Dataset]
     module: TranslationModule
     datamodule: TranslationDataModule
     trainer: pl.Trainer
-    run_dir: Path
+    run: RunDir
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -79,20 +67,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     finished = finished_results(cfg)
     if finished is not None:
         return finished
-    return fit_and_evaluate(build_run(cfg), cfg)
+    return fit_and_evaluate(build_fit(cfg), cfg)
 
 
 def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
     """With ``resume=true skip_finished=true`` (a resumed sweep), a run that already wrote results.json
     is not trained again: its results are returned as they are. Otherwise None."""
-    results = Path(cfg.output_dir) / "results.json"
+    results = RunDir(cfg.output_dir).results
     if cfg.get("resume") is True and cfg.get("skip_finished") and results.is_file():
         log.info("%s exists: this run finished before, skipping it", results)
         return json.loads(results.read_text())
     return None
 
 
-def build_run(cfg: DictConfig) -> Run:
+def build_fit(cfg: DictConfig) -> Fit:
     """Corpus, tokenizers, model, LightningModule, DataModule and Trainer for ``cfg``, ready to fit."""
     run_dir = Path(cfg.output_dir)
     if launched_as_rank_zero():
@@ -142,136 +130,39 @@ def build_run(cfg: DictConfig) -> Run:
         nonfinite_loss=cfg.get("nonfinite_loss", "stop"),
         **optim,
     )
-    return Run(corpora, module, datamodule, build_trainer(cfg, run_dir), run_dir)
+    return Fit(corpora, module, datamodule, build_trainer(cfg, run_dir), RunDir(run_dir))
 
 
-def fit_and_evaluate(run: Run, cfg: DictConfig) -> dict[str, Any]:
-    """Fit (resuming when asked), then on rank 0 score the best checkpoint on the test set."""
-    trainer, module = run.trainer, run.module
+def fit_and_evaluate(fit: Fit, cfg: DictConfig) -> dict[str, Any]:
+    """Fit (resuming when asked), then on rank 0 choose on validation and score the test set."""
+    trainer, module = fit.trainer, fit.module
     started = time.perf_counter()
-    trainer.fit(module, datamodule=run.datamodule, ckpt_path=resume_path(cfg, run.run_dir))
+    trainer.fit(module, datamodule=fit.datamodule, ckpt_path=resume_path(cfg, fit.run))
     fit_seconds = time.perf_counter() - started
     if not trainer.is_global_zero:
         return {}
-    evaluation, selection = score_on_test(
-        cfg,
-        run.corpora,
+    results = score_run(
+        fit.run,
+        OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
+        fit.corpora,
         final_checkpoint(trainer),
         device=trainer.strategy.root_device,  # a GPU run decodes (and times its decoding) on its GPU
+        kept=run_statistics(trainer, module, fit_seconds),
     )
-    results = {
-        **evaluation.results(prefix="test_"),
-        **run_statistics(trainer, module, fit_seconds),
-        **selection,
-    }
-    write_test_results(run.run_dir, evaluation, results)
     log_results_and_close(trainer.logger, results)
     log.info("test scores: %s", json.dumps(results))
     return results
 
 
-def score_on_test(
-    cfg: DictConfig,
-    corpora: dict[str, datasets.Dataset],
-    best_checkpoint: str,
-    *,
-    device: str | torch.device = "cpu",
-) -> tuple[Evaluation, dict[str, Any]]:
-    """Decode and score the test set with what the validation set chose (``selection`` in the config).
-
-    The candidates are ``best_checkpoint`` and, with ``selection.average_last=N``, the average of the
-    run's newest N step checkpoints (written to ``checkpoints/averaged.ckpt``); each decodes the
-    validation set with every combination of ``selection.beam`` x ``selection.alpha`` (``test_search``
-    for the rest). The best validation ``selection.metric`` (cased or lowercased BLEU) wins. Returns the
-    test evaluation and, when there was a choice, ``{"selection": {...}}`` with every trial for results.json.
-    """
-    settings = SearchSettings(**OmegaConf.to_container(cfg.test_search, resolve=True))
-    choice = cfg.get("selection") or {}
-    grid = search_grid(settings, choice.get("beam"), choice.get("alpha"))
-    averaged = averaged_candidate(Path(best_checkpoint).parent, choice.get("average_last"))
-    candidates = [best_checkpoint, *averaged]
-    selection: dict[str, Any] = {}
-    if len(candidates) * len(grid) > 1:
-        valid = to_parallel_text(corpora["valid"])
-        trials = validation_trials(candidates, grid, valid.src, valid.tgt, device=device)
-        chosen = best_trial(trials, validation_metric(cfg))
-        best_checkpoint, settings = chosen.checkpoint, replace(settings, beam=chosen.beam, alpha=chosen.alpha)
-        trials_made = [t.as_dict() for t in trials]
-        metric = validation_metric(cfg)
-        selection = {"selection": {"metric": metric, "chosen": chosen.as_dict(), "trials": trials_made}}
-        log.info("chosen on validation: %s", json.dumps(selection["selection"]["chosen"]))
-    test = to_parallel_text(corpora["test"])
-    evaluation = evaluate(
-        best_checkpoint,
-        test.src,
-        test.tgt,
-        settings,
-        device=device,
-        test_set=cfg.data.get("test_name", "test"),
-        target_lang=cfg.data.get("tgt_lang"),
-    )
-    return evaluation, selection
-
-
-def rescore_run(run_dir: str | os.PathLike[str], overrides: list[str] | None = None) -> dict[str, Any]:
-    """Choose on validation and score on test a finished run again, with the config its checkpoint holds plus
-    ``overrides`` (``key=value``, e.g. ``selection.average_last=5``), from its checkpoints; no training.
-
-    The test keys, ``selection`` and the override list in the run's results.json are replaced; its run
-    statistics (steps, time, tokens/s) stay. Returns the new results.
-    """
-    run_dir = Path(run_dir)
-    checkpoints = run_dir / "checkpoints"
-    best = next((p for p in (checkpoints / "best.ckpt", checkpoints / "last.ckpt") if p.is_file()), None)
-    if best is None:
-        raise FileNotFoundError(f"neither best.ckpt nor last.ckpt in {checkpoints}: not a train.py run")
-    trained_with = read_checkpoint(best)[CHECKPOINT_KEY]["config"]  # the run's whole config, resolved
-    cfg = OmegaConf.merge(OmegaConf.create(trained_with), OmegaConf.from_dotlist(overrides or []))
-    check_selection(cfg)
-    evaluation, selection = score_on_test(cfg, load_corpora(OmegaConf.to_container(cfg.data)), str(best))
-    results_file = run_dir / "results.json"
-    previous = json.loads(results_file.read_text()) if results_file.is_file() else {}
-    kept = {k: v for k, v in previous.items() if not k.startswith("test_") and k != "selection"}
-    results = {**kept, **evaluation.results(prefix="test_"), **selection, "rescored_with": overrides or []}
-    write_test_results(run_dir, evaluation, results)
-    return results
-
-
-def averaged_candidate(directory: Path, last: int | None) -> list[str]:
-    """``[path]`` of the average of the newest ``last`` step checkpoints in ``directory``, written there
-    as averaged.ckpt; ``[]`` when not asked for or fewer than two step checkpoints exist (a short run)."""
-    if not last:
-        return []
-    paths = step_checkpoints(directory)[-last:]
-    if len(paths) < 2:
-        log.warning("selection.average_last=%d: %d step checkpoint(s), not averaging", last, len(paths))
-        return []
-    if len(paths) < last:
-        log.warning("selection.average_last=%d: only %d step checkpoints to average", last, len(paths))
-    averaged = directory / AVERAGED_CHECKPOINT
-    save_atomically(average_checkpoints(paths), averaged)
-    log.info("averaged %s into %s", ", ".join(p.name for p in paths), averaged)
-    return [str(averaged)]
-
-
-def write_test_results(run_dir: Path, evaluation: Evaluation, results: dict[str, Any]) -> None:
-    """``test.hyp`` (one translation per line: reports compare variants sentence by sentence without
-    re-decoding) and ``results.json``, each written atomically."""
-    with atomic_write(run_dir / TEST_HYPOTHESES, "w", encoding="utf-8") as out:
-        out.writelines(h.replace("\n", " ") + "\n" for h in evaluation.hypotheses)
-    with atomic_write(run_dir / "results.json", "w") as out:
-        out.write(json.dumps(results, indent=2) + "\n")
-
-
-def final_checkpoint(trainer: pl.Trainer) -> str:
+def final_checkpoint(trainer: pl.Trainer) -> Path:
     """The checkpoint to evaluate: the best by validation BLEU, else the most recent one written."""
     best = trainer.checkpoint_callback  # the first ModelCheckpoint: validation BLEU (checkpoint_callbacks)
     if isinstance(best, ModelCheckpoint) and best.best_model_path:
-        return best.best_model_path
-    last = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        return Path(best.best_model_path)
+    last = RunDir(trainer.default_root_dir).last
     if not last.is_file():
         raise RuntimeError(f"no checkpoint at {last}: no validation ran, checkpoint.every_n_steps unset")
-    return str(last)
+    return last
 
 
 def subword_tokenizers(data_cfg: dict[str, Any], train: datasets.Dataset) -> tuple[Tokenizer, Tokenizer]:
@@ -333,11 +224,11 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     """``best.ckpt`` (validation BLEU) and ``last.ckpt``; with ``checkpoint.every_n_steps`` also
     ``last.ckpt`` every N optimizer steps plus the latest ``checkpoint.keep_last`` ``step-N.ckpt`` files
     (for :func:`app.checkpoint.average_checkpoints`). Only rank 0 writes, atomically."""
-    directory = run_dir / "checkpoints"
+    directory = RunDir(run_dir).checkpoints
     # No version counter: both callbacks write the one last.ckpt, and best.ckpt is replaced in place.
     best = ModelCheckpoint(
         dirpath=directory,
-        filename="best",
+        filename=Path(BEST).stem,
         monitor=f"val/{validation_metric(cfg)}",
         mode="max",
         save_last=True,
@@ -349,7 +240,7 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
         return [best]
     steps = ModelCheckpoint(
         dirpath=directory,
-        filename="step-{step:07d}",
+        filename=STEP_STEM,
         auto_insert_metric_name=False,
         monitor="step",  # the newest checkpoints are the "best": keep_last of them stay on disk
         mode="max",
@@ -389,40 +280,12 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     return callbacks
 
 
-def validation_metric(cfg: DictConfig) -> str:
-    """What validation maximises (``selection.metric``): best.ckpt, early stopping and the decoding grid."""
-    return (cfg.get("selection") or {}).get("metric") or "bleu"
-
-
 def check_schedule(cfg: DictConfig) -> None:
     """Refuse, before any data is prepared, a learning-rate schedule that could not run to its end."""
     decay_steps = cfg.optim.get("decay_steps")
     schedule_factor(cfg.optim.schedule, cfg.optim.warmup_steps, decay_steps)
     if decay_steps == AUTO and not cfg.trainer.get("max_time"):
         raise ValueError(NO_TIME_BUDGET)
-
-
-def check_selection(cfg: DictConfig) -> None:
-    """Refuse, before training, a ``selection`` that could not be carried out after it."""
-    choice = cfg.get("selection") or {}
-    unknown = sorted(set(choice) - {"average_last", "beam", "alpha", "metric"})
-    if unknown:
-        raise ValueError(
-            f"unknown selection option(s) {unknown}; valid options: alpha, average_last, beam, metric"
-        )
-    if validation_metric(cfg) not in METRICS:
-        raise ValueError(f"selection.metric={choice.get('metric')!r}; valid choices: {', '.join(METRICS)}")
-    for key in ("beam", "alpha"):
-        values = choice.get(key)
-        if values is not None and (isinstance(values, (str, int, float)) or not len(values)):
-            raise ValueError(f"selection.{key} must be a non-empty list (e.g. [4, 5]) or null: {values!r}")
-    last, keep = choice.get("average_last") or 0, cfg.checkpoint.get("keep_last") or 0
-    if last and (last > keep or not cfg.checkpoint.get("every_n_steps")):
-        raise ValueError(
-            f"selection.average_last={last} averages step checkpoints, but checkpoint.keep_last={keep} "
-            f"and checkpoint.every_n_steps={cfg.checkpoint.get('every_n_steps')}: set keep_last >= {last} "
-            "and every_n_steps"
-        )
 
 
 def check_trainer_options(options: dict[str, Any]) -> None:
@@ -432,13 +295,13 @@ def check_trainer_options(options: dict[str, Any]) -> None:
         raise ValueError(f"unknown trainer option(s) {bad}; valid options: {', '.join(sorted(valid))}")
 
 
-def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
+def resume_path(cfg: DictConfig, run: RunDir) -> str | None:
     """``resume=true`` continues from the run's last checkpoint; a path resumes from that file."""
     resume = cfg.get("resume")
     if not resume:
         return None
     if resume is True:
-        last = run_dir / "checkpoints" / "last.ckpt"
+        last = run.last
         if not last.is_file():
             log.warning("resume=true but %s does not exist: starting from scratch", last)
             return None

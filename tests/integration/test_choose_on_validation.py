@@ -12,10 +12,12 @@ import pytest
 from helpers.training import REPO_ROOT, compose_train, tiny_overrides
 
 from app.data.corpus import read_parallel
+from app.inference.engines import open_engine
 from app.inference.evaluate import evaluate
 from app.inference.metrics import corpus_scores
+from app.inference.run_scoring import rescore_run
 from app.inference.translator import SearchSettings
-from app.training.task import rescore_run, train
+from app.training.task import train
 
 SELECTION = [
     "trainer.max_steps=40",
@@ -56,7 +58,7 @@ def test_trials_are_real_validation_decodings(selected_run: Path, corpus_slice: 
     valid = read_parallel(corpus_slice / "val.de", corpus_slice / "val.en")
     for trial in results["selection"]["trials"][::3]:  # best.ckpt greedy, averaged.ckpt beam 2
         settings = SearchSettings(beam=trial["beam"], alpha=trial["alpha"], max_len=40)
-        again = evaluate(trial["checkpoint"], valid.src, valid.tgt, settings)
+        again = evaluate(open_engine(trial["checkpoint"]), valid.src, valid.tgt, settings)
         assert round(again.scores.bleu, 2) == trial["bleu"]
 
 

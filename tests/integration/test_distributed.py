@@ -18,7 +18,7 @@ from app.training.distributed import (
     rank_zero_log_file,
     register_resolvers,
 )
-from app.training.task import build_run
+from app.training.task import build_fit
 
 RANK_ENV = ("RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK", "SLURM_LOCALID")
 
@@ -158,7 +158,7 @@ def test_ddp_validation_equals_a_single_process_validation(ddp_run: dict, tmp_pa
     assert len(logged) == 1  # after epoch 0 (8 steps); training stopped at step 12
     skip = ("trainer=ddp_cpu", "debug.", "output_dir=", "hydra.")
     overrides = [o for o in ddp_run["overrides"] if not o.startswith(skip)]
-    run = build_run(compose_train([*overrides, f"output_dir={tmp_path}", "logger.kind=null"]))
+    run = build_fit(compose_train([*overrides, f"output_dir={tmp_path}", "logger.kind=null"]))
     run.trainer.validate(
         run.module, datamodule=run.datamodule, ckpt_path=str(ddp_run["run_dir"] / "checkpoints" / "best.ckpt")
     )

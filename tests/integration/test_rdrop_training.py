@@ -12,15 +12,15 @@ from app.data.batch import Batch
 from app.models.flops import batch_lengths, transformer_training_flops
 from app.training.benchmark import StepClock
 from app.training.losses import label_smoothed_nll
-from app.training.task import Run, build_run
+from app.training.task import Fit, build_fit
 
 
-def tiny_run(corpus: Path, out: Path, *extra: str) -> Run:
+def tiny_run(corpus: Path, out: Path, *extra: str) -> Fit:
     overrides = tiny_overrides(corpus, out / "run", out / "cache", "early_stopping.patience=0", *extra)
-    return build_run(compose_train(overrides))
+    return build_fit(compose_train(overrides))
 
 
-def first_training_batch(run: Run) -> Batch:
+def first_training_batch(run: Fit) -> Batch:
     run.datamodule.setup("fit")
     return next(iter(run.datamodule.train_dataloader()))
 

@@ -30,7 +30,7 @@ from app.inference.translator import SearchSettings, load_translator
 from app.training.losses import label_smoothed_nll
 from app.training.module import NonFiniteLossError
 from app.training.optim import build_optimizer
-from app.training.task import build_run, fit_and_evaluate, train
+from app.training.task import build_fit, fit_and_evaluate, train
 
 SLICE = {"train": 400, "val": 40, "test_2016_flickr": 20}
 
@@ -84,7 +84,7 @@ def test_resume_true_without_a_checkpoint_starts_fresh(corpus: Path, cache_dir: 
 
 
 def test_nonfinite_loss_stops_with_step_and_batch_size(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
-    run = build_run(tiny_config(corpus, cache_dir, tmp_path / "run", "trainer.max_steps=3"))
+    run = build_fit(tiny_config(corpus, cache_dir, tmp_path / "run", "trainer.max_steps=3"))
     with torch.no_grad():
         run.module.model.encoder_norm.weight.fill_(math.nan)
     pattern = r"non-finite training loss \(nan\) at step 0 \(epoch 0\), batch of \d+ sentences, \d+ target"
@@ -108,7 +108,7 @@ def test_nonfinite_loss_skip_skips_exactly_the_bad_batches(
         "trainer.limit_val_batches=0",
         f"debug.trace_batches={trace}",
     )
-    run = build_run(cfg)
+    run = build_fit(cfg)
     run.datamodule.setup("fit")
     sources = run.datamodule.datasets["train"].src
     rare = next(t for t in range(4, 500) if 2 <= sum(t in s for s in sources) <= 4)
@@ -152,7 +152,7 @@ def test_partial_validation_trains_to_the_end_and_decodes_on_the_trainers_device
         "early_stopping.patience=5",
     )
     cfg = compose_train(overrides)
-    run = build_run(cfg)
+    run = build_fit(cfg)
     with caplog.at_level(logging.INFO, logger="app.training.module"):
         results = fit_and_evaluate(run, cfg)
     partial = [r.getMessage() for r in caplog.records if r.getMessage().startswith("val/bleu on the")]
@@ -201,7 +201,7 @@ def test_accumulated_step_has_the_gradient_of_one_big_batch(
         "trainer.gradient_clip_val=null",
         "model.dropout=0.0",
     )
-    run = build_run(cfg)
+    run = build_fit(cfg)
     initial = deepcopy(run.module.model).train()
     recorder = FirstStepGradients()
     run.trainer.callbacks.append(recorder)

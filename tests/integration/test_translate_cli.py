@@ -321,8 +321,8 @@ def test_evaluate_scores_and_times_the_translations(checkpoint: Path, translator
     sources = ["Ein Mann fährt Fahrrad.", "", "Eine Frau liest ein Buch."]
     settings = SearchSettings(beam=1, max_len=40)
     expected = translator.translate(sources, settings)
-    evaluation = evaluate(checkpoint, sources, expected, settings, device="cpu", test_set="mine")
-    assert evaluation.hypotheses == expected
+    evaluation = evaluate(translator, sources, expected, settings, test_set="mine")
+    assert evaluation.hypotheses == expected and evaluation.checkpoint == str(checkpoint)
     assert evaluation.scores is not None and evaluation.scores.bleu == pytest.approx(100.0)
     assert evaluation.target_tokens == sum(len(ids) for ids in translator.tgt_tokenizer.encode(expected))
     results = evaluation.results(prefix="test_")

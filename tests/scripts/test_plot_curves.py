@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.inference.selection import METRICS
+from app.inference.selection import SELECTION_METRICS
 from app.reports.curves import BLEU_LABELS
 from app.reports.runs import bleu_against_minutes, read_metrics
 
@@ -50,7 +50,7 @@ def test_lowercased_bleu_is_plotted_from_its_own_column(tmp_path: Path) -> None:
     run = write_run(
         tmp_path / "lc", "step,train/nll,val/bleu,val/bleu_lc,time/elapsed_min", ["19,3.0,7.0,30.0,1.0"]
     )
-    assert set(BLEU_LABELS) == set(METRICS)  # every metric validation can choose on can be plotted
+    assert set(BLEU_LABELS) == set(SELECTION_METRICS)  # every metric validation can choose on can be plotted
     assert bleu_against_minutes(run, read_metrics(run), "val/bleu_lc") == ([1.0], [30.0])
     output = tmp_path / "lc.png"
     subprocess.run(

@@ -124,7 +124,7 @@ def test_translator_maps_match_the_translation(rnn_checkpoint: Path) -> None:
     translator, _ = load_translator(rnn_checkpoint)
     sentences = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee."]
     settings = SearchSettings(beam=3, max_len=20)
-    maps = translator.translate_with_attention(sentences, settings)
+    maps = translator.attention_maps(sentences, settings)
     assert maps[1] is None
     assert [m.translation for m in maps if m] == [t for t in translator.translate(sentences, settings) if t]
     for sentence, attention in zip(sentences, maps, strict=True):

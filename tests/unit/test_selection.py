@@ -9,9 +9,8 @@ from helpers.training import compose_train
 from sacrebleu.metrics import BLEU
 
 from app.inference.metrics import corpus_scores, moses_bleu_lc
-from app.inference.selection import Trial, best_trial, search_grid
+from app.inference.selection import Trial, best_trial, check_selection, search_grid
 from app.inference.translator import SearchSettings
-from app.training.task import check_selection
 
 
 def test_search_grid_is_every_beam_with_every_alpha() -> None:
