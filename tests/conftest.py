@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.training import read_gz_lines
+from helpers.training import REPO_ROOT, read_gz_lines
 
 from app.attention.config import site_specs
 from app.checkpoint import model_checkpoint, save_atomically
 from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
 from app.models import Transformer, build_model
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_DIR = REPO_ROOT / "tests" / "fixtures" / "multi30k"
 
 # A tiny model: small enough that a whole test file runs in seconds on two CPU cores.

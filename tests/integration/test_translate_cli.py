@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.models import TINY_TRANSFORMER
+from helpers.training import REPO_ROOT
 
 from app.inference.cli import main, parse_args, translate_stream
 from app.inference.evaluate import evaluate
@@ -26,7 +27,6 @@ from app.training.losses import label_smoothed_nll
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_POSITIONS = 32  # sources longer than 31 subwords are truncated
 MODEL_CFG = {**TINY_TRANSFORMER, "max_positions": MAX_POSITIONS}
 LONG_LINE = "Ein Mann mit einem roten Hut " * 12  # far more than 31 subwords

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.training import REPO_ROOT
 
 from app.data.multi30k import (
     EXPECTED_LINES,
@@ -20,7 +21,6 @@ from app.data.multi30k import (
     write_slice,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_DIR = REPO_ROOT / "tests" / "fixtures" / "multi30k"
 
 

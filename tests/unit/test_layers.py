@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.training import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 APP = REPO_ROOT / "app"
 MAX_MODULE_LINES = 400
 

@@ -10,7 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from helpers.training import REPO_ROOT
+
 MAX_BYTES = 2 * 1024 * 1024
 
 
