@@ -88,6 +88,10 @@ def test_ct2_greedy_equals_torch_greedy(
         assert mine[0].token_scores == pytest.approx(theirs[0].token_scores, abs=1e-3)
     with pytest.raises(ValueError, match="--ensemble needs the torch engine"):
         open_engine(exported, ensemble=[str(ckpt)])  # an export holds one model
+    assert (torch_engine.source, ct2_engine.source) == (str(ckpt), str(exported))
+    assert torch_engine.attention_maps(SENTENCES[:1], greedy)[0] is not None
+    with pytest.raises(ValueError, match="the ct2 engine has no attention weights"):
+        ct2_engine.attention_maps(SENTENCES[:1], greedy)  # one interface: the engine says what it lacks
 
 
 def test_export_refuses_an_existing_directory(checkpoint_factory, tmp_path: Path) -> None:
