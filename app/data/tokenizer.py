@@ -86,8 +86,10 @@ class SubwordConfig:
     input_sentence_size: int = 1_000_000
     normalization_rule_name: str = "nmt_nfkc"
     seed: int = 0
+    user_defined_symbols: tuple[str, ...] = ()  # always one piece each (e.g. data.concat's separator)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "user_defined_symbols", tuple(self.user_defined_symbols))  # YAML lists
         if self.model_type not in MODEL_TYPES:
             raise TokenizerError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
         if self.vocab_size < _MIN_VOCAB_SIZE:
@@ -261,7 +263,10 @@ def _texts_fingerprint(parts: Sequence[Sequence[str]]) -> str:
 
 
 def _cache_key(config: SubwordConfig, corpus_key: str, side: str, fingerprint: str) -> str:
-    payload = {"config": asdict(config), "corpus_key": corpus_key, "side": side, "texts": fingerprint}
+    settings = asdict(config)
+    if not settings["user_defined_symbols"]:  # models trained before the option existed keep their key
+        del settings["user_defined_symbols"]
+    payload = {"config": settings, "corpus_key": corpus_key, "side": side, "texts": fingerprint}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
@@ -320,6 +325,8 @@ def _train_model_proto(parts: Sequence[Sequence[str]], config: SubwordConfig) ->
         "eos_id": EOS_ID,
         "minloglevel": 2,  # keep sentencepiece's verbose training log quiet
     }
+    if config.user_defined_symbols:
+        options["user_defined_symbols"] = list(config.user_defined_symbols)
     if config.model_type == "unigram":
         options["hard_vocab_limit"] = False  # small corpora: shrink the vocabulary instead of failing
     spm.set_random_generator_seed(config.seed)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from app.inference.engine import Engine, SearchSettings
-from app.inference.metrics import Scores, corpus_scores
+from app.inference.metrics import Scores, SplitScores, corpus_scores, joined_scores
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Evaluation:
     target_tokens: int  # subword tokens of the outputs (EOS not counted)
     threads: int  # torch intra-op threads during the pass
     device: str
+    split: SplitScores | None = None  # joined examples (data.concat): scores after splitting them
 
     @property
     def sentences(self) -> int:
@@ -66,6 +67,7 @@ class Evaluation:
             "beam": self.settings.beam,
             "alpha": self.settings.alpha,
             **(self.scores.rounded(prefix=prefix) if self.scores else {}),
+            **(self.split.rounded(prefix=prefix) if self.split else {}),
             f"{prefix}decode_seconds": speed["seconds"],
             f"{prefix}decode_sentences_per_s": speed["sentences_per_s"],
             f"{prefix}decode_tokens_per_s": speed["tokens_per_s"],
@@ -84,6 +86,7 @@ def evaluate(
     target_lang: str | None = None,
     warmup: bool = False,
     on_truncate: Callable[[int, int], None] | None = None,
+    separator: str | None = None,
 ) -> Evaluation:
     """Translate ``sources`` with ``engine``, time it, and score against ``references``.
 
@@ -91,6 +94,8 @@ def evaluate(
     or a validation grid can time several settings without reloading. ``warmup`` first
     translates one batch untimed (allocator and kernel caches warm, as in a long-running server).
     ``target_lang`` (an ISO code) adds the Moses-tokenized lowercased BLEU to the scores.
+    ``separator`` (joined examples, ``data.concat``) scores the outputs with it removed and adds the
+    sentence-level scores of the outputs that split like their references.
     Reference counts that differ from the source count raise ValueError before anything is translated.
     """
     if references is not None and len(references) != len(sources):
@@ -98,16 +103,22 @@ def evaluate(
     if warmup:
         engine.translate(sources[: settings.batch_size], settings)
     hypotheses, seconds = timed_translation(engine, sources, settings, on_truncate)
+    scores, split = None, None
+    if references is not None and separator:
+        scores, split = joined_scores(hypotheses, references, separator, target_lang)
+    elif references is not None:
+        scores = corpus_scores(hypotheses, references, target_lang)
     return Evaluation(
         checkpoint=engine.source,
         test_set=test_set,
         settings=settings,
         hypotheses=hypotheses,
-        scores=corpus_scores(hypotheses, references, target_lang) if references is not None else None,
+        scores=scores,
         seconds=seconds,
         target_tokens=sum(len(ids) for ids in engine.tgt_tokenizer.encode(hypotheses)),
         threads=torch.get_num_threads(),
         device=str(engine.device),
+        split=split,
     )
 
 

@@ -15,6 +15,8 @@ from functools import lru_cache
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesTokenizer
 
+from app.data.concat import split_at_separator
+
 
 @dataclass(frozen=True)
 class Scores:
@@ -48,6 +50,51 @@ def corpus_scores(hypotheses: list[str], references: list[str], lang: str | None
         signature=str(bleu.get_signature()),
         bleu_moses_lc=moses_bleu_lc(hypotheses, references, lang) if lang else None,
     )
+
+
+@dataclass(frozen=True)
+class SplitScores:
+    """Sentence-level scores of joined examples (``data.concat``), split back at their separators.
+
+    Only the examples whose translation kept as many separators as its reference can be split
+    sentence for sentence; the others are counted, not scored.
+    """
+
+    examples: int  # joined examples in the test set
+    matched: int  # of those, split into as many sentences as their references
+    sentences: int  # sentences scored (from the matched examples)
+    scores: Scores | None  # None when no example matched
+
+    def rounded(self, prefix: str = "") -> dict[str, float | str | int]:
+        counts = {"examples": self.examples, "matched": self.matched, "sentences": self.sentences}
+        scores = self.scores.rounded(prefix=f"{prefix}sentence_") if self.scores else {}
+        return {f"{prefix}split_{k}": v for k, v in counts.items()} | scores
+
+
+def joined_scores(
+    hypotheses: list[str], references: list[str], separator: str, lang: str | None = None
+) -> tuple[Scores, SplitScores]:
+    """Scores of joined examples: the whole outputs with the separators removed (so matching them earns
+    nothing), and sentence-level scores where an output splits like its reference."""
+    whole = corpus_scores(
+        [" ".join(split_at_separator(h, separator)) for h in hypotheses],
+        [" ".join(split_at_separator(r, separator)) for r in references],
+        lang,
+    )
+    hyps: list[str] = []
+    refs: list[str] = []
+    matched = 0
+    for hypothesis, reference in zip(hypotheses, references, strict=True):
+        hyp_parts, ref_parts = (
+            split_at_separator(hypothesis, separator),
+            split_at_separator(reference, separator),
+        )
+        if len(hyp_parts) == len(ref_parts):
+            hyps += hyp_parts
+            refs += ref_parts
+            matched += 1
+    sentence = corpus_scores(hyps, refs, lang) if hyps else None
+    return whole, SplitScores(len(hypotheses), matched, len(hyps), sentence)
 
 
 def moses_bleu_lc(hypotheses: list[str], references: list[str], lang: str) -> float:

@@ -27,6 +27,7 @@ from app.checkpoint import (
     save_atomically,
     step_checkpoints,
 )
+from app.data.concat import SEPARATOR, concat_corpora
 from app.data.corpus import to_parallel_text
 from app.data.sources import load_corpora
 from app.inference.engine import SearchSettings
@@ -105,6 +106,7 @@ def choose_and_score(
         settings,
         test_set=data.get("test_name", "test"),
         target_lang=data.get("tgt_lang"),
+        separator=SEPARATOR if data.get("concat", 1) > 1 else None,
     )
     return evaluation, selection
 
@@ -152,6 +154,5 @@ def rescore_run(run_dir: str | os.PathLike[str], overrides: list[str] | None = N
     check_selection(config)
     previous = json.loads(run.results.read_text()) if run.results.is_file() else {}
     kept = {k: v for k, v in previous.items() if not k.startswith("test_") and k != "selection"}
-    return score_run(
-        run, config, load_corpora(config["data"]), best, kept={**kept, "rescored_with": overrides or []}
-    )
+    corpora = concat_corpora(load_corpora(config["data"]), config["data"].get("concat", 1))
+    return score_run(run, config, corpora, best, kept={**kept, "rescored_with": overrides or []})

@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
+from app.data.concat import concat_corpora, subword_symbols
 from app.data.datamodule import TranslationDataModule
 from app.data.encoded import text_column
 from app.data.sources import load_corpora
@@ -91,7 +92,8 @@ def build_fit(cfg: DictConfig) -> Fit:
     config = OmegaConf.to_container(cfg, resolve=True)
 
     corpora = load_corpora(config["data"])
-    src_tok, tgt_tok = subword_tokenizers(config["data"], corpora["train"])
+    src_tok, tgt_tok = subword_tokenizers(config["data"], corpora["train"])  # on sentences, not examples
+    corpora = concat_corpora(corpora, config["data"].get("concat", 1))
     model = build_model(
         config["model"],
         config["attention"],
@@ -170,7 +172,9 @@ def subword_tokenizers(data_cfg: dict[str, Any], train: datasets.Dataset) -> tup
     return train_or_load(
         src_texts=text_column(train, "src"),
         tgt_texts=text_column(train, "tgt"),
-        config=settings_from_config(SubwordConfig, data_cfg["subword"], "data.subword"),
+        config=settings_from_config(
+            SubwordConfig, subword_symbols(data_cfg["subword"], data_cfg.get("concat", 1)), "data.subword"
+        ),
         cache_dir=Path(data_cfg["cache_dir"]) / "spm",
         corpus_key=f"{data_cfg['src_lang']}-{data_cfg['tgt_lang']}",
     )
