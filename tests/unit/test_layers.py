@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,17 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     source = tmp_path / "mod.py"
     source.write_text("import os\n\ndef f():\n    from app.inference.translator import Translator\n")
     assert imported_app_modules(source) == [(4, "app.inference.translator")]
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["app.inference.run_scoring", "app.inference.cli", "app.serving.api", "app.models", "app.decoding"],
+)
+def test_inference_and_the_model_code_run_without_lightning(module: str) -> None:
+    """Rescoring, translating and serving a checkpoint load no Lightning and no Hydra (fresh process)."""
+    frameworks = "{'pytorch_lightning', 'lightning', 'hydra'}"
+    probe = f"import sys, {module}; print(sorted({frameworks} & set(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    )
+    assert loaded.stdout.strip() == "[]", f"importing {module} loads {loaded.stdout.strip()}"
