@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # A local copy of the Multi30k release; without it, prepare_data.py downloads the official files.
 MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
-# Where `make demo` trains: git-ignored (docs/results/quickstart is the committed record of one such run).
+# Where `make demo` trains: git-ignored (docs/results/de_en_small_quickstart_8min is the committed record of one such run).
 RUN_DIR ?= runs/quickstart
 
 .PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode \

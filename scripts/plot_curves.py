@@ -1,6 +1,6 @@
 """Plot validation BLEU against training steps and wall-clock minutes, and training loss, for runs.
 
-    python scripts/plot_curves.py docs/results/m30k_transformer_de_en docs/results/m30k_transformer_en_de \
+    python scripts/plot_curves.py docs/results/de_en_small_full_60min docs/results/en_de_small_full_60min \
         -o docs/figures/multi30k_transformer_curves.png
     python scripts/plot_curves.py RUN_A RUN_B --metric bleu_lc -o curves.png   # lowercased validation BLEU
 

@@ -10,6 +10,7 @@ translations), ``train.log`` and, for a sweep job that raised, ``FAILED`` (its e
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,9 +55,13 @@ class Run:
 
     @property
     def hypotheses(self) -> list[str] | None:
-        """The test translations the run saved, one per test sentence (None for older runs)."""
+        """The test translations the run saved, one per test sentence (None for older runs); the
+        committed copies under ``docs/`` keep them gzipped (``test.hyp.gz``)."""
         path = self.path / HYPOTHESES
-        return path.read_text(encoding="utf-8").splitlines() if path.is_file() else None
+        if path.is_file():
+            return path.read_text(encoding="utf-8").splitlines()
+        packed = self.path / f"{HYPOTHESES}.gz"
+        return gzip.decompress(packed.read_bytes()).decode("utf-8").splitlines() if packed.is_file() else None
 
     def what_it_left(self) -> str:
         """One line for error messages: the files present and the error (else the last log line)."""
@@ -82,7 +87,7 @@ def read_run(path: str | Path) -> Run:
     return Run(
         path=path,
         config=config,
-        metrics=read_metrics(path) if (path / METRICS).is_file() else [],
+        metrics=read_metrics(path) if metrics_file(path).is_file() else [],
         results=json.loads(results_file.read_text()) if results_file.is_file() else None,
         log_tail=tail(path / LOG),
         error=(path / FAILED).read_text(encoding="utf-8") if (path / FAILED).is_file() else None,
@@ -124,9 +129,18 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
+def metrics_file(run_dir: Path) -> Path:
+    """``<run>/csv/metrics.csv``, or ``metrics.csv.gz`` where only that is there (the committed copies
+    under ``docs/`` keep it gzipped)."""
+    plain = run_dir / METRICS
+    packed = plain.with_name(f"{plain.name}.gz")
+    return packed if not plain.is_file() and packed.is_file() else plain
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    """Rows of ``<run>/csv/metrics.csv`` with the numeric cells only."""
-    with (run_dir / METRICS).open() as handle:
+    """Rows of ``<run>/csv/metrics.csv`` (or its gzipped copy) with the numeric cells only."""
+    path = metrics_file(run_dir)
+    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as handle:
         return [
             {k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(handle)
         ]
