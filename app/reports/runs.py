@@ -1,10 +1,10 @@
 """One run directory, read once: what was trained, what it logged, what it scored, and how it ended.
 
-A Hydra run directory (and each committed copy under ``docs/results/<run>/``) holds
-``.hydra/config.yaml`` (the composed config), ``csv/metrics.csv`` (the CSV logger's rows),
-``results.json`` (written when training and the test evaluation finished), ``test.hyp`` (the test
-translations), ``train.log`` and, for a sweep job that raised, ``FAILED`` (its exit and error output, see
-:func:`app.training.sweep.record_child_failure`). Every report script reads runs through :func:`read_run`.
+The files of a run directory are named in :mod:`app.rundir`: the composed config, the CSV logger's rows,
+``results.json`` (written when training and the test evaluation finished), the test translations, the
+console log and, for a sweep job that raised, ``FAILED`` (its exit and error output, see
+:func:`app.training.sweep.record_child_failure`). Every report script reads runs through :func:`read_run`;
+a :class:`RunRecord` is what was read, not the training task's ``Run`` (:mod:`app.training.task`).
 """
 
 from __future__ import annotations
@@ -18,17 +18,14 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-CONFIG = Path(".hydra") / "config.yaml"
-METRICS = Path("csv") / "metrics.csv"
-RESULTS = "results.json"
-HYPOTHESES = "test.hyp"
-LOG = "train.log"
-FAILED = "FAILED"  # a sweep job failed (its exit and error output); the sweep went on (app/training/sweep.py)
+from app.rundir import CONFIG, RunDir
+
+WALLCLOCK = "wallclock.csv"  # unix_time,[epoch,]step samples: runs older than the time/elapsed_min metric
 ERROR_MARKERS = ("Traceback (most recent call last)", "Error executing job")
 
 
 @dataclass
-class Run:
+class RunRecord:
     """A run directory's contents; missing files read as empty (see :attr:`status`)."""
 
     path: Path
@@ -43,6 +40,11 @@ class Run:
         return self.path.name
 
     @property
+    def files(self) -> RunDir:
+        """Where the run's files are (checkpoints included)."""
+        return RunDir(self.path)
+
+    @property
     def status(self) -> str:
         """``finished`` (results.json written), ``failed`` (a FAILED file or an error in train.log),
         ``missing`` (neither: killed, still running, or never started)."""
@@ -55,13 +57,14 @@ class Run:
     @property
     def hypotheses(self) -> list[str] | None:
         """The test translations the run saved, one per test sentence (None for older runs)."""
-        path = self.path / HYPOTHESES
+        path = self.files.hypotheses
         return path.read_text(encoding="utf-8").splitlines() if path.is_file() else None
 
     def what_it_left(self) -> str:
         """One line for error messages: the files present and the error (else the last log line)."""
-        files = (CONFIG, METRICS, Path(RESULTS), Path(LOG), Path(FAILED))
-        present = [str(p) for p in files if (self.path / p).exists()]
+        files = self.files
+        paths = (files.config, files.metrics, files.results, files.log, files.failed)
+        present = [str(p.relative_to(self.path)) for p in paths if p.exists()]
         if self.error:
             return f"{self.path}: {self.status}; error: {error_line(self.error)}"
         last = self.log_tail.strip().splitlines()[-1:] or ["(no train.log)"]
@@ -69,23 +72,21 @@ class Run:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / CONFIG).is_file()
+    return RunDir(path).config.is_file()
 
 
-def read_run(path: str | Path) -> Run:
+def read_run(path: str | Path) -> RunRecord:
     """The run at ``path``; raises ValueError when it is no Hydra run directory."""
-    path = Path(path)
-    if not is_run_dir(path):
-        raise ValueError(f"{path} is not a Hydra run directory (no {CONFIG})")
-    config = read_config(path / CONFIG)
-    results_file = path / RESULTS
-    return Run(
-        path=path,
-        config=config,
-        metrics=read_metrics(path) if (path / METRICS).is_file() else [],
-        results=json.loads(results_file.read_text()) if results_file.is_file() else None,
-        log_tail=tail(path / LOG),
-        error=(path / FAILED).read_text(encoding="utf-8") if (path / FAILED).is_file() else None,
+    files = RunDir(path)
+    if not files.config.is_file():
+        raise ValueError(f"{files.root} is not a Hydra run directory (no {CONFIG})")
+    return RunRecord(
+        path=files.root,
+        config=read_config(files.config),
+        metrics=read_metrics(files.root) if files.metrics.is_file() else [],
+        results=json.loads(files.results.read_text()) if files.results.is_file() else None,
+        log_tail=tail(files.log),
+        error=files.failed.read_text(encoding="utf-8") if files.failed.is_file() else None,
     )
 
 
@@ -94,11 +95,6 @@ def error_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     named = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception", "Interrupt"))]
     return (named or lines or ["(no error output)"])[-1]
-
-
-def clear_failure(run_dir: Path) -> None:
-    """Remove the FAILED file of an earlier attempt (a resumed sweep runs the job again)."""
-    (run_dir / FAILED).unlink(missing_ok=True)
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -126,7 +122,7 @@ def tail(path: Path, lines: int = 40) -> str:
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     """Rows of ``<run>/csv/metrics.csv`` with the numeric cells only."""
-    with (run_dir / METRICS).open() as handle:
+    with RunDir(run_dir).metrics.open() as handle:
         return [
             {k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(handle)
         ]
@@ -141,7 +137,7 @@ def series(rows: list[dict[str, float]], x: str, y: str) -> tuple[list[float], l
 def minutes_from_wallclock(run_dir: Path, steps: list[float]) -> list[float] | None:
     """Minutes since the first sample at which each step was reached, interpolated from ``wallclock.csv``
     (rows ``unix_time,[epoch,]step`` that runs older than the ``time/elapsed_min`` metric carry)."""
-    path = run_dir / "wallclock.csv"
+    path = run_dir / WALLCLOCK
     if not path.is_file():
         return None
     with path.open() as handle:
