@@ -1,17 +1,20 @@
-"""The reports' figures: learning curves of runs, the ablation's seed bands and trade-offs, attention maps.
+"""The reports' figures: learning curves of runs, the ablation's seed bands and trade-offs, PNG bytes.
 
 Output is byte-stable: the same data always gives the same PNG bytes (no timestamps, no software version
 in the metadata), so regenerated reports diff cleanly.
 
 ``metric`` picks the logged BLEU of :func:`curves_figure`: ``bleu`` (cased) or ``bleu_lc`` (lowercased,
-for case-folded recipes, whose cased BLEU means nothing), the same names as ``selection.metric``.
+for case-folded recipes, whose cased BLEU means nothing), the same names as ``selection.metric``. The
+ablation's attention maps are drawn by :func:`app.attention.plot.comparison_figure`. This module imports
+matplotlib, numpy and the run reader only (``scripts/plot_curves.py`` starts in about a second): the
+variant types are for annotations.
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -20,11 +23,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from app.attention.plot import comparison_figure
-from app.inference.translator import AttentionMap
-from app.reports.measurements import ATTENTION_SENTENCE
 from app.reports.runs import RunRecord, bleu_against_minutes, series
-from app.reports.variants import Group
+
+if TYPE_CHECKING:  # annotations only: importing variants would load the data and attention packages
+    from app.reports.variants import Group
 
 PNG_METADATA = {"Software": None}  # matplotlib otherwise writes its version; PNGs carry no date
 DPI = 110
@@ -125,9 +127,3 @@ def tradeoff_png(rows: list[dict[str, Any]], x_key: str, x_label: str) -> bytes:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return png_bytes(fig)
-
-
-def attention_png(sentence: str, panels: dict[str, AttentionMap | str]) -> bytes:
-    """Every variant's attention map on the fixed test sentence side by side (a note where it has none)."""
-    title = f"test sentence {ATTENTION_SENTENCE + 1}: {sentence} (last decoder layer, mean over heads)"
-    return png_bytes(comparison_figure(panels, title=title))

@@ -16,9 +16,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from app.attention.plot import comparison_figure
 from app.reports import figures
 from app.reports.measurements import (
     ATTENTION_CACHE,
+    ATTENTION_SENTENCE,
     DECODE_CACHE,
     KV_LENGTH,
     decode_speeds,
@@ -219,8 +221,10 @@ def group_section(
         ),
     }
     attention = group_attention(group, sources, out_dir / ATTENTION_CACHE, remeasure=remeasure)
-    if attention is not None:
-        pngs[f"group{number}_attention.png"] = figures.attention_png(*attention)
+    if attention is not None:  # every variant's map of the fixed sentence side by side
+        sentence, panels = attention
+        title = f"test sentence {ATTENTION_SENTENCE + 1}: {sentence} (last decoder layer, mean over heads)"
+        pngs[f"group{number}_attention.png"] = figures.png_bytes(comparison_figure(panels, title=title))
     blocks: list[Block] = [
         Heading(f"Group {number}", level=2),
         Bullets(header_lines(group, base, speeds)),
