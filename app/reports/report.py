@@ -40,6 +40,7 @@ from app.reports.variants import (
     pick_baseline,
     sweep_runs,
 )
+from app.rundir import BEST
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def trained_on(group: Group) -> str:
 def decode_conditions(speeds: dict[str, Any]) -> str:
     """How the decoding speeds were timed (the same for every variant), or why there are none."""
     if not speeds:
-        return "not measured (no best.ckpt of every variant, or no test files, where the report ran)"
+        return f"not measured (no {BEST} of every variant, or no test files, where the report ran)"
     any_variant = next(iter(speeds.values()))
     return (
         f"best checkpoint of each variant on {any_variant.get('device', 'cpu')}, "

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from app.attention.config import describe_attention as attention_label
 from app.data.corpus import read_parallel
 from app.reports.runs import RunRecord, is_run_dir, read_run
+from app.rundir import CONFIG, RESULTS
 
 # Keys that never make two runs different variants (a run's seed, where it wrote, how it was started).
 NOT_VARIANT = ("seed", "output_dir", "resume", "skip_finished", "num_threads")
@@ -96,10 +97,10 @@ def sweep_runs(sweep_dir: Path) -> list[RunRecord]:
     else:
         runs = [read_run(p) for p in sorted(sweep_dir.iterdir()) if p.is_dir() and is_run_dir(p)]
     if not runs:
-        raise ValueError(f"{sweep_dir} holds no run directories (no */.hydra/config.yaml)")
+        raise ValueError(f"{sweep_dir} holds no run directories (no */{CONFIG})")
     if not any(run.status == "finished" for run in runs):
         left = "\n  ".join(run.what_it_left() for run in runs)
-        raise ValueError(f"no job in {sweep_dir} finished (none wrote results.json):\n  {left}")
+        raise ValueError(f"no job in {sweep_dir} finished (none wrote {RESULTS}):\n  {left}")
     return runs
 
 
