@@ -7,7 +7,7 @@ from typing import Any
 
 from app.reports.render import Table, markdown_table
 from app.reports.runs import RunRecord
-from app.reports.variants import describe_attention
+from app.reports.variants import attention_name
 
 COLUMNS = (
     "run",
@@ -39,7 +39,7 @@ def summary_row(run: RunRecord) -> list[str]:
     cells = [
         run.name,
         describe_model(run.config.get("model", {})),
-        describe_attention(run.config.get("attention", {})),
+        attention_name(run.config.get("attention", {})),
     ]
     r = run.results
     if r is None:

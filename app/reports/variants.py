@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from app.attention.config import describe_attention as attention_label
+from app.attention.config import describe_attention
 from app.data.corpus import read_parallel
 from app.reports.runs import RunRecord, is_run_dir, read_run
 from app.rundir import CONFIG, RESULTS
@@ -57,12 +57,12 @@ class Group:
     incomplete: list[RunRecord]  # failed or missing jobs
 
 
-def describe_attention(attention: dict[str, Any]) -> str:
-    """The kernel with head layout and options (``sdpa kv=2``, ``sparse sliding_window window=8``), or the
-    RNN decoder and score function (``luong general``), as the kernels and mechanisms describe themselves;
-    a config this version cannot parse is shown by its kernel or mechanism name."""
+def attention_name(attention: dict[str, Any]) -> str:
+    """A run's attention as reports name it: :func:`app.attention.config.describe_attention` (the kernel
+    with head layout and options, ``sdpa kv=2``, or the RNN decoder and score function, ``luong
+    general``); a config this version cannot parse is shown by its kernel or mechanism name."""
     try:
-        return attention_label(attention)
+        return describe_attention(attention)
     except ValueError:
         return str(attention.get("kernel") or attention.get("mechanism") or "?")
 
@@ -156,7 +156,7 @@ def variant_settings(run: RunRecord) -> dict[str, Any]:
 def variant_name(run: RunRecord, flat: dict[str, Any], varying: list[str]) -> str:
     """The attention description (which includes the head layout) plus any other swept setting
     (``sdpa kv=2``, ``eager optim.lr=0.002``)."""
-    name = describe_attention(run.config.get("attention", {}))
+    name = attention_name(run.config.get("attention", {}))
     extra = [f"{k}={flat[k]}" for k in varying if k in flat and not k.startswith(("attention.", "heads."))]
     return " ".join([name, *extra])
 
