@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.reports.loss_match import compare_losses, markdown_table
+from app.reports.loss_match import compare_losses, loss_comparison_markdown
 
 
 def main() -> int:
@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=100, help="steps per window")
     args = parser.parse_args()
     result = compare_losses(args.run_a, args.run_b, until=args.until, window=args.window)
-    print(markdown_table(result, str(args.run_a), str(args.run_b)))
+    print(loss_comparison_markdown(result, str(args.run_a), str(args.run_b)))
     return 0 if result.p_value >= 0.05 else 1
 
 

@@ -24,7 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.reports.eole import comparison_rows, markdown, read_eole, run_eole, run_ours  # noqa: E402
+from app.reports.eole import (  # noqa: E402
+    comparison_rows,
+    eole_comparison_markdown,
+    read_eole,
+    run_eole,
+    run_ours,
+)
 
 
 def main() -> None:
@@ -55,7 +61,7 @@ def main() -> None:
 
     rows = comparison_rows(eole, ours)
     (args.out / "comparison.json").write_text(json.dumps(rows, indent=1))
-    table = markdown(rows, args.budget_s)
+    table = eole_comparison_markdown(rows, args.budget_s)
     (args.out / "comparison.md").write_text(table)
     print(table)
 

@@ -5,7 +5,7 @@
     python scripts/plot_curves.py RUN_A RUN_B --metric bleu_lc -o curves.png   # lowercased validation BLEU
 
 Minutes come from the ``time/elapsed_min`` metric that training logs with every validation, or for older
-runs from their ``wallclock.csv`` (see :mod:`app.reports.runs`). The figure: :mod:`app.reports.curves`.
+runs from their ``wallclock.csv`` (see :mod:`app.reports.runs`). The figure: :mod:`app.reports.figures`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.inference.selection import SELECTION_METRICS
-from app.reports.curves import plot_curves
-from app.reports.runs import Run, read_metrics
+from app.reports.figures import plot_curves
+from app.reports.runs import RunRecord, read_metrics
 
 
 def main() -> None:
@@ -28,7 +28,9 @@ def main() -> None:
     parser.add_argument("--metric", choices=SELECTION_METRICS, default="bleu", help="validation BLEU to plot")
     args = parser.parse_args()
     # Only the metrics are needed: older committed runs may lack .hydra/config.yaml.
-    runs = [Run(path=p, config={}, metrics=read_metrics(p), results=None, log_tail="") for p in args.runs]
+    runs = [
+        RunRecord(path=p, config={}, metrics=read_metrics(p), results=None, log_tail="") for p in args.runs
+    ]
     print(f"wrote {plot_curves(runs, args.output, args.metric)}")
 
 

@@ -3,7 +3,7 @@
     python scripts/report.py multirun/ablation/2025-01-01_12-00-00
     python scripts/report.py SWEEP_A SWEEP_B --baseline "sdpa kv=2" --out docs/results/ablation
 
-See docs/ablation.md and :mod:`app.reports.ablation`.
+See docs/ablation.md and :mod:`app.reports.report`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.reports.ablation import write_report
+from app.reports.report import write_report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,18 +9,18 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from app.reports.report import write_report
+
 log = logging.getLogger(__name__)
 
 
 class AblationReport(Callback):
-    """``on_multirun_end``: :func:`app.reports.ablation.write_report` on the sweep directory."""
+    """``on_multirun_end``: :func:`app.reports.report.write_report` on the sweep directory."""
 
     def __init__(self, baseline: str | None = None, decode_limit: int | None = None) -> None:
         self.baseline, self.decode_limit = baseline, decode_limit
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from app.reports.ablation import write_report
-
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             for path in write_report([sweep_dir], baseline=self.baseline, decode_limit=self.decode_limit):

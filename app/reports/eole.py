@@ -15,6 +15,9 @@ from typing import Any
 
 import sacrebleu
 
+from app.reports.render import Table, markdown_table
+from app.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,7 +59,7 @@ def run_ours(run_dir: Path, budget_s: int, log: Path, overrides: list[str]) -> d
     ]
     with log.open("w") as out:
         subprocess.run(command, cwd=ROOT, stdout=out, stderr=out, check=True)
-    return json.loads((run_dir / "results.json").read_text())
+    return json.loads(RunDir(run_dir).results.read_text())
 
 
 def comparison_rows(eole: dict[str, Any], ours: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,21 +90,26 @@ def comparison_rows(eole: dict[str, Any], ours: dict[str, Any]) -> list[dict[str
     ]
 
 
-def markdown(rows: list[dict[str, Any]], budget_s: int) -> str:
-    header = (
-        "| toolkit | params | steps | train src+tgt tok/s | BLEU beam 5 | BLEU lc | chrF | "
-        "decode sent/s beam 5 | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|\n"
-    )
-    body = "".join(
-        f"| {r['toolkit']} | {r['params']:,} | {r['steps']:,} | {r['train_tok_s']:,.0f} | {r['bleu']:.2f} | "
-        f"{r['bleu_lc']:.2f} | {r['chrf']:.1f} | {r['decode_sent_s']:.1f} | {r['peak_rss_mib']:,} |\n"
+COLUMNS = ("toolkit", "params", "steps", "train src+tgt tok/s", "BLEU beam 5", "BLEU lc", "chrF",
+           "decode sent/s beam 5", "peak RSS MiB")  # fmt: skip
+
+
+def comparison_table(rows: list[dict[str, Any]]) -> Table:
+    """:func:`comparison_rows` as table text."""
+    return Table(COLUMNS, [
+        [r["toolkit"], f"{r['params']:,}", f"{r['steps']:,}", f"{r['train_tok_s']:,.0f}", f"{r['bleu']:.2f}",
+         f"{r['bleu_lc']:.2f}", f"{r['chrf']:.1f}", f"{r['decode_sent_s']:.1f}", f"{r['peak_rss_mib']:,}"]
         for r in rows
-    )
+    ])  # fmt: skip
+
+
+def eole_comparison_markdown(rows: list[dict[str, Any]], budget_s: int) -> str:
+    """What was compared, :func:`comparison_table`, and the ratios under it (comparison.md)."""
     eole, ours = rows
     ratio = ours["train_tok_s"] / eole["train_tok_s"]
     delta = ours["bleu"] - eole["bleu"]
     return (
         f"Multi30k de->en, {budget_s / 60:g}-minute training budget each, one after the other, "
-        f"test_2016_flickr.\n\n{header}{body}\n"
+        f"test_2016_flickr.\n\n{markdown_table(comparison_table(rows))}\n\n"
         f"Training tokens/s ratio (this project / eole): {ratio:.2f}x; BLEU difference: {delta:+.2f}.\n"
     )

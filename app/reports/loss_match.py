@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.reports.render import Table, markdown_table
 from app.reports.runs import read_metrics, series
 
 LOSS = "train/loss"
@@ -80,17 +81,23 @@ def compare_losses(run_a: Path, run_b: Path, *, until: int, window: int, seed: i
     )
 
 
-def markdown_table(result: LossComparison, name_a: str, name_b: str) -> str:
-    """Per window and in total: each run's mean loss and the difference; the test under the table."""
-    lines = ["| steps | logged | loss A | loss B | B - A |", "|---|---|---|---|---|"]
-    for w in [*result.windows, result.total]:
-        steps = f"{'all ' if w is result.total else ''}{w.first}-{w.last}"
-        lines.append(f"| {steps} | {w.steps} | {w.loss_a:.4f} | {w.loss_b:.4f} | {w.difference:+.4f} |")
+def windows_table(result: LossComparison) -> Table:
+    """Per window and in total: the logged steps, each run's mean loss and the difference."""
+    rows = [
+        [f"{'all ' if w is result.total else ''}{w.first}-{w.last}", str(w.steps),
+         f"{w.loss_a:.4f}", f"{w.loss_b:.4f}", f"{w.difference:+.4f}"]
+        for w in [*result.windows, result.total]
+    ]  # fmt: skip
+    return Table(("steps", "logged", "loss A", "loss B", "B - A"), rows)
+
+
+def loss_comparison_markdown(result: LossComparison, name_a: str, name_b: str) -> str:
+    """The runs, :func:`windows_table`, and the test under the table."""
     low, high = result.interval
     verdict = "not significant" if result.p_value >= 0.05 else "significant"
     return (
         f"A: {name_a}\nB: {name_b}\n\n"
-        + "\n".join(lines)
+        + markdown_table(windows_table(result))
         + f"\n\nB - A over all {result.total.steps} steps: {result.total.difference:+.4f}, 95% interval "
         f"{low:+.4f} .. {high:+.4f}, sign-flip p = {result.p_value:.3f} ({verdict} at 0.05)"
     )

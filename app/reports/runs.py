@@ -1,16 +1,17 @@
 """One run directory, read once: what was trained, what it logged, what it scored, and how it ended.
 
-A Hydra run directory (and each committed copy under ``docs/results/<run>/``) holds
-``.hydra/config.yaml`` (the composed config), ``csv/metrics.csv`` (the CSV logger's rows),
-``results.json`` (written when training and the test evaluation finished), ``test.hyp`` (the test
-translations), ``train.log`` and, for a sweep job that raised, ``FAILED`` (its exit and error output, see
-:func:`app.training.sweep.record_child_failure`). Every report script reads runs through :func:`read_run`.
+The files of a run directory are named in :mod:`app.rundir`: the composed config, the CSV logger's rows,
+``results.json`` (written when training and the test evaluation finished), the test translations, the
+console log and, for a sweep job that raised, ``FAILED`` (its exit and error output, see
+:func:`app.training.sweep.record_child_failure`). Every report script reads runs through :func:`read_run`;
+a :class:`RunRecord` is what was read, not the training task's ``Run`` (:mod:`app.training.task`).
 """
 
 from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,17 +20,14 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-CONFIG = Path(".hydra") / "config.yaml"
-METRICS = Path("csv") / "metrics.csv"
-RESULTS = "results.json"
-HYPOTHESES = "test.hyp"
-LOG = "train.log"
-FAILED = "FAILED"  # a sweep job failed (its exit and error output); the sweep went on (app/training/sweep.py)
+from app.rundir import CONFIG, RunDir
+
+WALLCLOCK = "wallclock.csv"  # unix_time,[epoch,]step samples: runs older than the time/elapsed_min metric
 ERROR_MARKERS = ("Traceback (most recent call last)", "Error executing job")
 
 
 @dataclass
-class Run:
+class RunRecord:
     """A run directory's contents; missing files read as empty (see :attr:`status`)."""
 
     path: Path
@@ -42,6 +40,11 @@ class Run:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def files(self) -> RunDir:
+        """Where the run's files are (checkpoints included)."""
+        return RunDir(self.path)
 
     @property
     def status(self) -> str:
@@ -57,16 +60,14 @@ class Run:
     def hypotheses(self) -> list[str] | None:
         """The test translations the run saved, one per test sentence (None for older runs); the
         committed copies under ``docs/`` keep them gzipped (``test.hyp.gz``)."""
-        path = self.path / HYPOTHESES
-        if path.is_file():
-            return path.read_text(encoding="utf-8").splitlines()
-        packed = self.path / f"{HYPOTHESES}.gz"
-        return gzip.decompress(packed.read_bytes()).decode("utf-8").splitlines() if packed.is_file() else None
+        path = plain_or_packed(self.files.hypotheses)
+        return read_text(path).splitlines() if path.is_file() else None
 
     def what_it_left(self) -> str:
         """One line for error messages: the files present and the error (else the last log line)."""
-        files = (CONFIG, METRICS, Path(RESULTS), Path(LOG), Path(FAILED))
-        present = [str(p) for p in files if (self.path / p).exists()]
+        files = self.files
+        paths = (files.config, files.metrics, files.results, files.log, files.failed)
+        present = [str(p.relative_to(self.path)) for p in paths if p.exists()]
         if self.error:
             return f"{self.path}: {self.status}; error: {error_line(self.error)}"
         last = self.log_tail.strip().splitlines()[-1:] or ["(no train.log)"]
@@ -74,23 +75,21 @@ class Run:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / CONFIG).is_file()
+    return RunDir(path).config.is_file()
 
 
-def read_run(path: str | Path) -> Run:
+def read_run(path: str | Path) -> RunRecord:
     """The run at ``path``; raises ValueError when it is no Hydra run directory."""
-    path = Path(path)
-    if not is_run_dir(path):
-        raise ValueError(f"{path} is not a Hydra run directory (no {CONFIG})")
-    config = read_config(path / CONFIG)
-    results_file = path / RESULTS
-    return Run(
-        path=path,
-        config=config,
-        metrics=read_metrics(path) if metrics_file(path).is_file() else [],
-        results=json.loads(results_file.read_text()) if results_file.is_file() else None,
-        log_tail=tail(path / LOG),
-        error=(path / FAILED).read_text(encoding="utf-8") if (path / FAILED).is_file() else None,
+    files = RunDir(path)
+    if not files.config.is_file():
+        raise ValueError(f"{files.root} is not a Hydra run directory (no {CONFIG})")
+    return RunRecord(
+        path=files.root,
+        config=read_config(files.config),
+        metrics=read_metrics(files.root) if plain_or_packed(files.metrics).is_file() else [],
+        results=json.loads(files.results.read_text()) if files.results.is_file() else None,
+        log_tail=tail(files.log),
+        error=files.failed.read_text(encoding="utf-8") if files.failed.is_file() else None,
     )
 
 
@@ -99,11 +98,6 @@ def error_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     named = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception", "Interrupt"))]
     return (named or lines or ["(no error output)"])[-1]
-
-
-def clear_failure(run_dir: Path) -> None:
-    """Remove the FAILED file of an earlier attempt (a resumed sweep runs the job again)."""
-    (run_dir / FAILED).unlink(missing_ok=True)
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -129,18 +123,22 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
-def metrics_file(run_dir: Path) -> Path:
-    """``<run>/csv/metrics.csv``, or ``metrics.csv.gz`` where only that is there (the committed copies
-    under ``docs/`` keep it gzipped)."""
-    plain = run_dir / METRICS
+def plain_or_packed(plain: Path) -> Path:
+    """``plain``, or ``plain.gz`` where only that is there (the committed run records under ``docs/``
+    keep their test translations and metrics gzipped)."""
     packed = plain.with_name(f"{plain.name}.gz")
     return packed if not plain.is_file() and packed.is_file() else plain
 
 
+def read_text(path: Path) -> str:
+    """A UTF-8 text file, gunzipped when its name ends in ``.gz``."""
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     """Rows of ``<run>/csv/metrics.csv`` (or its gzipped copy) with the numeric cells only."""
-    path = metrics_file(run_dir)
-    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as handle:
+    with io.StringIO(read_text(plain_or_packed(RunDir(run_dir).metrics))) as handle:
         return [
             {k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(handle)
         ]
@@ -155,7 +153,7 @@ def series(rows: list[dict[str, float]], x: str, y: str) -> tuple[list[float], l
 def minutes_from_wallclock(run_dir: Path, steps: list[float]) -> list[float] | None:
     """Minutes since the first sample at which each step was reached, interpolated from ``wallclock.csv``
     (rows ``unix_time,[epoch,]step`` that runs older than the ``time/elapsed_min`` metric carry)."""
-    path = run_dir / "wallclock.csv"
+    path = run_dir / WALLCLOCK
     if not path.is_file():
         return None
     with path.open() as handle:

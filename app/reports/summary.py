@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Any
 
-from app.attention.config import describe_attention as attention_label
-from app.reports.runs import Run
+from app.reports.render import Table, markdown_table
+from app.reports.runs import RunRecord
+from app.reports.variants import attention_name
 
 COLUMNS = (
     "run",
@@ -26,16 +27,6 @@ COLUMNS = (
 )
 
 
-def describe_attention(attention: dict[str, Any]) -> str:
-    """The kernel with head layout and options (``sdpa kv=2``, ``sparse sliding_window window=8``), or the
-    RNN decoder and score function (``luong general``), as the kernels and mechanisms describe themselves;
-    a config this version cannot parse is shown by its kernel or mechanism name."""
-    try:
-        return attention_label(attention)
-    except ValueError:
-        return str(attention.get("kernel") or attention.get("mechanism") or "?")
-
-
 def describe_model(model: dict[str, Any]) -> str:
     name = str(model.get("family", "transformer"))
     if "cell" in model:
@@ -43,12 +34,12 @@ def describe_model(model: dict[str, Any]) -> str:
     return name
 
 
-def summary_row(run: Run) -> list[str]:
+def summary_row(run: RunRecord) -> list[str]:
     """The table cells of one run; a run without results is marked with its status."""
     cells = [
         run.name,
         describe_model(run.config.get("model", {})),
-        describe_attention(run.config.get("attention", {})),
+        attention_name(run.config.get("attention", {})),
     ]
     r = run.results
     if r is None:
@@ -80,11 +71,10 @@ def describe_decoding(results: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def markdown_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return "\n".join(lines)
+def summary_table(runs: list[RunRecord]) -> Table:
+    """One row per run, in the order given."""
+    return Table(COLUMNS, [summary_row(run) for run in runs])
 
 
-def summary_markdown(runs: list[Run]) -> str:
-    return markdown_table(COLUMNS, [summary_row(run) for run in runs])
+def summary_markdown(runs: list[RunRecord]) -> str:
+    return markdown_table(summary_table(runs))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 
-from app.reports.runs import FAILED, clear_failure
+from app.rundir import RunDir
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "train.py"
 ERROR_LINES = 40  # lines of the child's standard error kept in FAILED
@@ -54,6 +54,11 @@ def record_child_failure(job_dir: Path, returncode: int, error_tail: str) -> Pat
     """``<job dir>/FAILED``: how the job's process ended and the end of what it printed on stderr."""
     job_dir.mkdir(parents=True, exist_ok=True)
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-    path = job_dir / FAILED
+    path = RunDir(job_dir).failed
     path.write_text(f"train.py {how}\n{error_tail}", encoding="utf-8")
     return path
+
+
+def clear_failure(job_dir: Path) -> None:
+    """Remove the FAILED file of an earlier attempt (a resumed sweep runs the job again)."""
+    RunDir(job_dir).failed.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers.training import run_train, tiny_overrides, write_corpus_slice
 
-from app.reports.ablation import write_report
+from app.reports.report import write_report
 
 SLICE = {"train": 400, "val": 30, "test_2016_flickr": 20}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.reports.eole import comparison_rows, format_max_time, markdown
+from app.reports.eole import comparison_rows, eole_comparison_markdown, format_max_time
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_table_has_both_toolkits_and_the_ratios() -> None:
     }
     rows = comparison_rows(eole, ours)
     assert [row["toolkit"] for row in rows] == ["eole 0.6.4", "this project"]
-    table = markdown(rows, 1500)
+    table = eole_comparison_markdown(rows, 1500)
     assert "25-minute training budget" in table
     assert "| eole 0.6.4 | 7,585,856 | 925 | 4,000 | 33.40 | 33.90 | 52.9 | 89.0 | 3,400 |" in table
     assert "| this project | 7,578,624 | 1,800 | 6,000 | 35.00 | 35.30 | 55.0 | 86.1 | 2,325 |" in table

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.inference.selection import SELECTION_METRICS
-from app.reports.curves import BLEU_LABELS
+from app.reports.figures import BLEU_LABELS
 from app.reports.runs import bleu_against_minutes, read_metrics
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_curves.py"

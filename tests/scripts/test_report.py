@@ -1,4 +1,4 @@
-"""app.reports.ablation / scripts/report.py on hand-made sweep dirs: rows, files, failures, determinism,
+"""app.reports.report / scripts/report.py on hand-made sweep dirs: rows, files, failures, determinism,
 and the paired bootstrap against sacreBLEU's command line."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from app.reports.ablation import kv_cache_bytes_per_token, paired_bootstrap
-from app.reports.runs import clear_failure, read_run
-from app.training.sweep import record_child_failure
+from app.reports.measurements import kv_cache_bytes_per_token
+from app.reports.runs import read_run
+from app.reports.significance import paired_bootstrap
+from app.training.sweep import clear_failure, record_child_failure
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REFS = ["a dog runs in the park .", "two men sit on a bench .", "a woman reads a big book .", "kids play ."]

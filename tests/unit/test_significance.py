@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from app.reports.ablation import paired_bootstrap
-from app.reports.significance import corpus_bleu, seed_and_sentence_bootstrap, sentence_statistics
+from app.reports.significance import (
+    corpus_bleu,
+    paired_bootstrap,
+    seed_and_sentence_bootstrap,
+    sentence_statistics,
+)
 
 SIZES = ("big", "small")
 REFS = [f"a {w} dog runs across the green park with {n} friends ." for n in range(12) for w in SIZES]
