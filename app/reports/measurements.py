@@ -20,9 +20,9 @@ import torch
 
 from app.attention.config import site_specs
 from app.attention.registry import build_kernel
-from app.inference.evaluate import evaluate
 from app.inference.engine import AttentionMap, SearchSettings
 from app.inference.engines import open_engine
+from app.inference.evaluate import evaluate
 from app.reports.variants import Group, Variant
 
 # The output length over which the decoder cache's growth per generated token is averaged: kernels that
