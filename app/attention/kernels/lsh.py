@@ -184,8 +184,9 @@ class LSHAttention(AttentionKernel):
         kpos = torch.arange(tk, device=q.device)[None, :]  # (1, Tk)
         before = kpos <= qpos  # keys sorted before the query within a bucket (its own position included)
         same = qb[..., :, None] == kb[..., None, :]  # (R, B, H, Tq, Tk)
-        repeats = same.sum(0).clamp(min=1).to(q.dtype)  # N_ij: rounds in which key j shares query i's bucket
-        scores = q @ k.transpose(-1, -2) - repeats.log()  # (B, H, Tq, Tk)
+        scores = q @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
+        if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket
+            scores = scores - same.sum(0).clamp(min=1).to(q.dtype).log()
         zs, outs = [], []
         for r in range(self.n_hashes):
             earlier = same[r] & before
@@ -222,44 +223,55 @@ class LSHAttention(AttentionKernel):
     ) -> tuple[Tensor, Tensor]:
         """Round ``r`` of :meth:`_rounds_chunked`: (B, H, Tq) log-sum-exp and (B, H, Tq, Dv) context."""
         batch, heads, tq, _ = q.shape
-        tk, m = k.size(2), self.chunk_size
-        device = q.device
-        rows, ins, slab, slab_ok = _sort_and_chunk(qb[r], kb[r], m, causal=causal)
+        tk = k.size(2)
+        rows, ins, slab, slab_ok = _sort_and_chunk(qb[r], kb[r], self.chunk_size, causal=causal)
         is_query = (rows >= tk) & (rows < tk + tq)  # (B, H, C, m): the sorted items that are queries
         q_idx = (rows - tk).clamp(0, max(tq - 1, 0))  # (B, H, C, m)
-        qpos, kpos = q_idx + (tk - tq), slab  # positions of the rows and of the slab's keys
-        # Which slab keys each query row sees: its window in sorted key order, its bucket, causality.
-        after = 0 if causal else m
-        offset = torch.arange(slab.size(-1), device=device)
-        first = ins[..., :1] - m  # (B, H, C, 1): sorted index of the slab's first key
-        sorted_index = first[..., None, :] + offset  # (B, H, C, 1, W)
-        keep = (sorted_index >= ins[..., None] - m) & (sorted_index < ins[..., None] + after)
-        q_bucket, k_bucket = _take(qb[r], q_idx), _take(kb[r], slab)
-        keep = (
-            keep
-            & slab_ok[..., None, :]
-            & is_query[..., None]
-            & (q_bucket[..., None] == k_bucket[..., None, :])
-        )
-        if causal:
-            keep = keep & (kpos[..., None, :] <= qpos[..., None])
-        if self.exclude_self:
-            keep = keep & (kpos[..., None, :] != qpos[..., None])
-        repeats = sum(  # N_ij: rounds in which key j shares query i's bucket
-            (_take(qb[s], q_idx)[..., None] == _take(kb[s], slab)[..., None, :]).to(q.dtype)
-            for s in range(self.n_hashes)
-        )
+        keep = self._chunk_mask(qb[r], kb[r], q_idx, ins, slab, slab_ok, causal=causal, tk=tk, tq=tq)
+        keep = keep & is_query[..., None]  # (B, H, C, m, W)
         q_rows = _take(q, q_idx)  # (B, H, C, m, Dh)
         k_slab, v_slab = _take(k, slab), _take(v, slab)  # (B, H, C, W, Dh)
-        scores = q_rows @ k_slab.transpose(-1, -2) - repeats.clamp(min=1).log()  # (B, H, C, m, W)
+        scores = q_rows @ k_slab.transpose(-1, -2)  # (B, H, C, m, W)
+        if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket
+            all_q, all_k = _take(_small(qb), q_idx), _take(_small(kb), slab)  # (B, H, C, m|W, R)
+            repeats = (all_q[..., :, None, :] == all_k[..., None, :, :]).sum(-1, dtype=torch.uint8)
+            scores = scores - repeats.to(scores.dtype).clamp_(min=1).log_()
         z, out = _masked_softmax_lse(scores, keep, v_slab)  # (B, H, C, m), (B, H, C, m, Dv)
         # Back to query order: each query is one row; key and padding rows go to a slot that is dropped.
         target = torch.where(is_query, q_idx, tq).flatten(2)  # (B, H, C * m)
         z_q = z.new_full((batch, heads, tq + 1), float("-inf")).scatter(2, target, z.flatten(2))
-        out_flat = out.flatten(2, 3)  # (B, H, C * m, Dv)
         index = target[..., None].expand(-1, -1, -1, out.size(-1))
-        out_q = out.new_zeros(batch, heads, tq + 1, out.size(-1)).scatter(2, index, out_flat)
+        out_q = out.new_zeros(batch, heads, tq + 1, out.size(-1)).scatter(2, index, out.flatten(2, 3))
         return z_q[..., :tq], out_q[:, :, :tq]
+
+    def _chunk_mask(
+        self,
+        qb: Tensor,
+        kb: Tensor,
+        q_idx: Tensor,
+        ins: Tensor,
+        slab: Tensor,
+        slab_ok: Tensor,
+        *,
+        causal: bool,
+        tk: int,
+        tq: int,
+    ) -> Tensor:
+        """(B, H, C, m, W) which slab keys each row's query sees: its window in sorted key order (``m`` keys
+        before it and, not causal, ``m`` after), its bucket, causality and the self rule."""
+        m = self.chunk_size
+        qpos, kpos = q_idx + (tk - tq), slab  # positions of the rows' queries and of the slab's keys
+        first = ins[..., :1, None] - m  # (B, H, C, 1, 1): sorted index of the slab's first key
+        sorted_index = first + torch.arange(slab.size(-1), device=slab.device)  # (B, H, C, 1, W)
+        after = 0 if causal else m
+        keep = (sorted_index >= ins[..., None] - m) & (sorted_index < ins[..., None] + after)
+        same = _take(qb, q_idx)[..., None] == _take(kb, slab)[..., None, :]
+        keep = keep & slab_ok[..., None, :] & same
+        if causal:
+            keep = keep & (kpos[..., None, :] <= qpos[..., None])
+        if self.exclude_self:
+            keep = keep & (kpos[..., None, :] != qpos[..., None])
+        return keep
 
 
 def _sort_and_chunk(qb: Tensor, kb: Tensor, m: int, *, causal: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -298,6 +310,11 @@ def _sort_and_chunk(qb: Tensor, kb: Tensor, m: int, *, causal: bool) -> tuple[Te
     return rows, ins, slab, slab_ok
 
 
+def _small(buckets: Tensor) -> Tensor:
+    """(R, B, H, T) buckets as (B, H, T, R) int16 (padding's bucket n_buckets included): less to compare."""
+    return buckets.permute(1, 2, 3, 0).to(torch.int16)
+
+
 def _take(x: Tensor, index: Tensor) -> Tensor:
     """``x`` (B, H, T[, D]) at positions ``index`` (B, H, C, n): (B, H, C, n[, D])."""
     flat = index.flatten(2)  # (B, H, C * n)
@@ -312,14 +329,13 @@ def _masked_softmax_lse(scores: Tensor, keep: Tensor, v: Tensor) -> tuple[Tensor
 
     A row with nothing kept gives log-sum-exp -inf and context 0, with finite (zero) gradients.
     """
-    hidden = scores.masked_fill(~keep, float("-inf"))
-    top = hidden.amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
-    exp = torch.exp(hidden - top)  # 0 where hidden
-    total = exp.sum(-1, keepdim=True)
-    z = torch.where(total > 0, top + total.clamp(min=torch.finfo(total.dtype).tiny).log(), float("-inf"))
-    context = (exp / total.clamp(min=torch.finfo(total.dtype).tiny)) @ v
-    return z.squeeze(-1), context
+    # Hidden entries get the lowest finite score (exp gives exactly 0 beside any kept one); a row with
+    # nothing kept is then uniform over garbage, so its context is zeroed and its log-sum-exp set to -inf.
+    hidden = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+    any_kept = keep.any(dim=-1)  # (...)
+    z = torch.where(any_kept, torch.logsumexp(hidden, dim=-1), float("-inf"))
+    context = (torch.softmax(hidden, dim=-1) @ v) * any_kept[..., None]
+    return z, context
 
 
 def _safe_softmax(z: Tensor, *, dim: int) -> Tensor:
