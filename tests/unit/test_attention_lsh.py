@@ -225,3 +225,33 @@ def test_cross_attention_weights_and_dropout_are_refused_with_the_reason() -> No
 def test_bad_options_are_named(options: dict, message: str) -> None:
     with pytest.raises(AttentionConfigError, match=message):
         build_kernel("lsh", **options)
+
+
+def saved_bytes_and_grads(kernel: LSHAttention, inputs: tuple, key_mask: Tensor, *, causal: bool):
+    """Bytes autograd keeps for the backward pass (distinct storages), the output and input gradients."""
+    saved: dict[int, int] = {}
+
+    def pack(tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = kernel(*leaves, key_mask=key_mask, causal=causal).context
+    grads = torch.autograd.grad(out.square().sum(), leaves)
+    return sum(saved.values()), out.detach(), grads
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_recompute_gives_the_same_result_and_gradients_with_less_saved(causal: bool) -> None:
+    q, k, v, key_mask = inputs(tq=40, tk=40)
+    settings = {"n_buckets": 4, "n_hashes": 3, "chunk_size": 4}
+    stored = saved_bytes_and_grads(build_kernel("lsh", **settings), (q, k, v), key_mask, causal=causal)
+    recomputed = saved_bytes_and_grads(
+        build_kernel("lsh", **settings, recompute=True), (q, k, v), key_mask, causal=causal
+    )
+    torch.testing.assert_close(recomputed[1], stored[1], rtol=1e-12, atol=1e-12)
+    for got, expected in zip(recomputed[2], stored[2], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert recomputed[0] < stored[0] / 2

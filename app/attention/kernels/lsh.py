@@ -30,7 +30,8 @@ attention (with ``exclude_self=false``; with the self rule, softmax attention wi
 
 Costs per round: about ``chunk_size`` x (2 causal, 3 otherwise) scores per sorted item, i.e. O(T x chunk)
 instead of O(T^2); short inputs and decoding steps take the direct form (:meth:`LSHAttention._rounds_dense`,
-one (Tq, Tk) mask per round), which defines the same result. Cross-attention is refused: a target query
+one (Tq, Tk) mask per round), which defines the same result. ``recompute`` keeps one round's scores at a
+time in training (activation checkpointing per round). Cross-attention is refused: a target query
 has no position among the source keys (no "own key" to fall back to) and a query whose buckets hold no
 source key would attend nothing. No attention matrix is formed, so no weights and no weight dropout.
 """
@@ -42,6 +43,7 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
 from app.attention.registry import AttentionConfigError, register_kernel
@@ -75,6 +77,7 @@ class LSHAttention(AttentionKernel):
         chunk_size: int = 64,
         seed: int = 0,
         exclude_self: bool = True,
+        recompute: bool = False,
     ) -> None:
         super().__init__()
         for name, value in {"n_buckets": n_buckets, "n_hashes": n_hashes, "chunk_size": chunk_size}.items():
@@ -88,12 +91,16 @@ class LSHAttention(AttentionKernel):
             raise AttentionConfigError(f"lsh attention seed={seed!r} must be an integer")
         self.n_buckets, self.n_hashes, self.chunk_size = n_buckets, n_hashes, chunk_size
         self.seed, self.exclude_self = seed, bool(exclude_self)
+        # recompute: keep no per-round scores for the backward pass, recompute each round there instead
+        # (activation checkpointing per round): training memory then holds one round's chunk scores at a
+        # time plus (Tq x Dh) per round, for about 1/3 more compute.
+        self.recompute = bool(recompute)
         self._rotations: dict[tuple[int, torch.device], Tensor] = {}
 
     def extra_repr(self) -> str:
         return (
             f"n_buckets={self.n_buckets}, n_hashes={self.n_hashes}, chunk_size={self.chunk_size}, "
-            f"seed={self.seed}, exclude_self={self.exclude_self}"
+            f"seed={self.seed}, exclude_self={self.exclude_self}, recompute={self.recompute}"
         )
 
     def describe(self) -> str:
@@ -212,8 +219,14 @@ class LSHAttention(AttentionKernel):
         queries may see. Memory: (items / chunk) x chunk x slab scores per round.
         """
         zs, outs = [], []
+        recompute = self.recompute and torch.is_grad_enabled()
         for r in range(self.n_hashes):
-            z, out = self._round_chunked(q, k, v, qb, kb, r, causal=causal)
+            if recompute:  # buckets are integers: the recomputed round sorts and masks exactly alike
+                z, out = checkpoint(
+                    self._round_chunked, q, k, v, qb, kb, r, causal=causal, use_reentrant=False
+                )
+            else:
+                z, out = self._round_chunked(q, k, v, qb, kb, r, causal=causal)
             zs.append(z)
             outs.append(out)
         return torch.stack(zs), torch.stack(outs)
@@ -231,7 +244,7 @@ class LSHAttention(AttentionKernel):
         keep = keep & is_query[..., None]  # (B, H, C, m, W)
         q_rows = _take(q, q_idx)  # (B, H, C, m, Dh)
         k_slab, v_slab = _take(k, slab), _take(v, slab)  # (B, H, C, W, Dh)
-        scores = q_rows @ k_slab.transpose(-1, -2)  # (B, H, C, m, W)
+        scores = torch.einsum("bhcmd,bhcwd->bhcmw", q_rows, k_slab)  # (B, H, C, m, W)
         if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket
             all_q, all_k = _take(_small(qb), q_idx), _take(_small(kb), slab)  # (B, H, C, m|W, R)
             repeats = (all_q[..., :, None, :] == all_k[..., None, :, :]).sum(-1, dtype=torch.uint8)
@@ -333,9 +346,25 @@ def _masked_softmax_lse(scores: Tensor, keep: Tensor, v: Tensor) -> tuple[Tensor
     # nothing kept is then uniform over garbage, so its context is zeroed and its log-sum-exp set to -inf.
     hidden = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
     any_kept = keep.any(dim=-1)  # (...)
-    z = torch.where(any_kept, torch.logsumexp(hidden, dim=-1), float("-inf"))
-    context = (torch.softmax(hidden, dim=-1) @ v) * any_kept[..., None]
-    return z, context
+    weights = torch.softmax(hidden, dim=-1)
+    z = torch.where(any_kept, _LogSumExp.apply(hidden, weights), float("-inf"))
+    return z, (weights @ v) * any_kept[..., None]
+
+
+class _LogSumExp(torch.autograd.Function):
+    """log-sum-exp of ``scores`` (..., n) given their softmax ``weights``: z = s_j - log w_j at the top
+    entry j, and dz/ds = w. The backward pass keeps only the weights (the softmax keeps them anyway)."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, weights: Tensor) -> Tensor:
+        top, where = weights.max(dim=-1, keepdim=True)
+        ctx.save_for_backward(weights)
+        return (scores.gather(-1, where) - top.log()).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (weights,) = ctx.saved_tensors
+        return grad[..., None] * weights, None
 
 
 def _safe_softmax(z: Tensor, *, dim: int) -> Tensor:
