@@ -98,6 +98,10 @@ class AttentionKernel(nn.Module):
         runs that cannot fit; fused and blockwise kernels override it."""
         return 4 * length
 
+    def bind(self, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        """Learn the head layout of the layer that uses the kernel (called once, when the layer is built),
+        for kernels whose parameters depend on it (linformer ``sharing=none``); default: nothing."""
+
     def tie_to(self, first: AttentionKernel) -> None:
         """Share parameters with ``first``, the kernel of the same site in the stack's first layer, when the
         kernel's settings ask for it (linformer ``sharing=layerwise``). The model calls it for every later

@@ -42,7 +42,7 @@ def check_kernel_fits_site(kernel: str, site: str) -> None:
         why = "".join(f" ({cls.reasons[need]})" for need in missing if need in cls.reasons)
         raise AttentionConfigError(
             f"attention kernel {kernel!r} cannot serve the {site} site: it lacks {', '.join(missing)}{why}; "
-            f"choose another kernel for this site, e.g. +attention.sites.{site}.kernel=eager"
+            f"choose another kernel for this site, e.g. ++attention.sites.{site}.kernel=eager"
         )
 
 

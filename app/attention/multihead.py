@@ -38,6 +38,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
         self.kernel = kernel
+        kernel.bind(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=self.head_dim)
         self.dropout = dropout
 
     def _split(self, x: Tensor, heads: int) -> Tensor:

@@ -43,24 +43,27 @@ def inputs(
 
 
 def identity_linformer(
-    n: int, *, sharing: str = "headwise", max_len: int | None = None
+    n: int, *, sharing: str = "headwise", max_len: int | None = None, kv_heads: int = 1
 ) -> LinformerAttention:
     kernel = build_kernel("linformer", k=n, sharing=sharing, max_len=max_len or n)
+    kernel.bind(num_heads=4, num_kv_heads=kv_heads, head_dim=8)
     with torch.no_grad():
         for proj in (kernel.proj_k, kernel.proj_v):
             proj.zero_()
-            proj[:, :n] = torch.eye(n)
+            proj[:, :, :n] = torch.eye(n)
     return kernel.double()
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("sharing", ["headwise", "key_value"])
+@pytest.mark.parametrize("sharing", ["none", "headwise", "key_value"])
 def test_identity_projections_with_k_equal_to_n_are_softmax_attention(
     kv_heads: int, padded: bool, sharing: str
 ) -> None:
     q, k, v, key_mask = inputs(kv_heads=kv_heads, padded=padded)
-    kernel = identity_linformer(7, sharing=sharing, max_len=9)  # E = F = [I 0]: only the first 7 columns used
+    # E = F = [I 0] (one per kv head for sharing=none): only the first 7 columns are used
+    kernel = identity_linformer(7, sharing=sharing, max_len=9, kv_heads=kv_heads)
+    assert kernel.proj_k.size(0) == (kv_heads if sharing == "none" else 1)
     ours = [t.clone().requires_grad_() for t in (q, k, v)]
     theirs = [t.clone().requires_grad_() for t in (q, k, v)]
     got = kernel(*ours, key_mask=key_mask).context
@@ -125,7 +128,7 @@ def test_too_long_inputs_and_bad_options_are_named() -> None:
     with pytest.raises(ValueError, match=r"got 7 keys but its projections cover max_len=6"):
         build_kernel("linformer", max_len=6)(q, k, v)
     with pytest.raises(
-        AttentionConfigError, match="unknown linformer sharing 'heads'; valid choices: headwise"
+        AttentionConfigError, match="unknown linformer sharing 'heads'; valid choices: none, headwise"
     ):
         build_kernel("linformer", sharing="heads")
     with pytest.raises(AttentionConfigError, match=r"linformer attention k=0 must be an integer >= 1"):
@@ -146,11 +149,15 @@ def projections(model: torch.nn.Module) -> list[Tensor]:
     return [p for kernel in kernels for p in (kernel.proj_k, kernel.proj_v)]
 
 
-@pytest.mark.parametrize(("sharing", "distinct"), [("headwise", 8), ("key_value", 4), ("layerwise", 2)])
+@pytest.mark.parametrize(
+    ("sharing", "distinct"), [("none", 8), ("headwise", 8), ("key_value", 4), ("layerwise", 2)]
+)
 def test_sharing_ties_the_papers_parameters(sharing: str, distinct: int, tmp_path) -> None:
     # 2 encoder layers and 2 cross-attention layers, E and F each: the paper's section 4 options.
     model = linformer_model(sharing)
     assert len({id(p) for p in projections(model)}) == distinct
+    heads = TINY["num_heads"] if sharing == "none" else 1  # sharing=none: one E and F per kv head
+    assert {tuple(p.shape) for p in projections(model)} == {(heads, 4, 16)}
     encoder_e = model.encoder[0].self_attn.kernel.proj_k
     cross_e = model.decoder[0].cross_attn.kernel.proj_k
     assert encoder_e is not cross_e  # sites never share
@@ -195,3 +202,13 @@ def test_the_group_config_puts_eager_at_the_decoder_self_site() -> None:
         "linformer",
     ]
     assert specs["decoder_self"].options == {}
+
+
+def test_unshared_projections_give_each_kv_head_its_own_rows() -> None:
+    torch.manual_seed(0)
+    kernel = build_kernel("linformer", k=3, sharing="none", max_len=8)
+    layer = MultiHeadAttention(d_model=32, num_heads=4, num_kv_heads=2, kernel=kernel)
+    assert layer.kernel.proj_k.shape == layer.kernel.proj_v.shape == (2, 3, 8)
+    k = torch.randn(1, 1, 6, 8).expand(1, 2, -1, -1)  # both kv heads hold the same keys
+    rows, _, _ = layer.kernel.reduce(k, k, None)
+    assert not torch.allclose(rows[0, 0], rows[0, 1])  # yet their projections differ

@@ -58,7 +58,7 @@ def test_quickstart_with_each_kernel_trains_and_decodes(
     assert (len(model.encoder), len(model.decoder)) == (3, 3)
     assert kernels_by_site(model) == sites
     if attention == "linformer":  # max_len follows model.max_positions
-        assert config["max_len"] == 32 and model.encoder[0].self_attn.kernel.proj_k.shape == (4, 32)
+        assert config["max_len"] == 32 and model.encoder[0].self_attn.kernel.proj_k.shape == (1, 4, 32)
     src = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, EOS], [14, 15, 16, EOS] + [PAD] * 6])
     tgt_in = torch.tensor([[BOS, 4, 5, 6, 7, 8, 9, 10, 11], [BOS, 12, 13, 14, 15, 16, 17, 18, 19]])
     model.train()

@@ -8,6 +8,8 @@ so a query scores ``k`` projected rows instead of ``n`` keys: O(n k) time and me
 (k, ``max_len``) matrices; a sequence of length n <= max_len uses their first n columns, as Linformer
 implementations for variable lengths do. Sharing (``sharing`` option, section 4, "Parameter sharing"):
 
+* ``none``: an E and an F per key/value head of each layer (sized when the layer binds the kernel to its
+  head layout, :meth:`~app.attention.base.AttentionKernel.bind`);
 * ``headwise``: one E and one F per layer, shared by all heads (the paper's lightest sharing);
 * ``key_value``: one matrix per layer serves as both E and F;
 * ``layerwise``: one matrix for the whole stack of a site (every layer's E and F), tied by the model
@@ -37,7 +39,7 @@ from torch import Tensor, nn
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
 from app.attention.registry import AttentionConfigError, register_kernel
 
-SHARING = ("headwise", "key_value", "layerwise")
+SHARING = ("none", "headwise", "key_value", "layerwise")
 CAUSAL_REASON = "each projected key mixes all positions, future ones included, so no causal mask can apply"
 
 
@@ -69,10 +71,19 @@ class LinformerAttention(AttentionKernel):
         self.k, self.sharing, self.max_len = k, sharing, max_len
         # std 1/sqrt(k): a projected row of n unit keys has about sqrt(n/k) their norm (the paper gives no
         # initialisation; training learns the scale with the rest).
-        self.proj_k = nn.Parameter(torch.randn(k, max_len) / math.sqrt(k))  # E: (k, max_len)
-        self.proj_v = (
-            self.proj_k if sharing != "headwise" else nn.Parameter(torch.randn(k, max_len) / math.sqrt(k))
-        )
+        self._make_projections(heads=1)
+
+    def _make_projections(self, *, heads: int) -> None:
+        """E and F: (heads, k, max_len), heads = 1 (shared by all heads) or one per key/value head."""
+        shape = (heads, self.k, self.max_len)
+        self.proj_k = nn.Parameter(torch.randn(shape) / math.sqrt(self.k))  # E
+        separate = self.sharing in ("none", "headwise")
+        self.proj_v = nn.Parameter(torch.randn(shape) / math.sqrt(self.k)) if separate else self.proj_k  # F
+
+    def bind(self, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        """``none`` sharing: one E and one F per key/value head of the layer."""
+        if self.sharing == "none" and self.proj_k.size(0) != num_kv_heads:
+            self._make_projections(heads=num_kv_heads)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, sharing={self.sharing}, max_len={self.max_len}"
@@ -126,15 +137,15 @@ class LinformerAttention(AttentionKernel):
                 f"linformer attention got {length} keys but its projections cover max_len={self.max_len} "
                 "positions: raise attention.max_len (it follows model.max_positions by default)"
             )
-        proj_k = self.proj_k[:, :length].to(k.dtype)  # (k, Tk)
-        proj_v = self.proj_v[:, :length].to(v.dtype)
+        proj_k = self.proj_k[:, :, :length].to(k.dtype)  # (1 | Hkv, k, Tk)
+        proj_v = self.proj_v[:, :, :length].to(v.dtype)
         real = k.new_ones(batch, length) if key_mask is None else key_mask.to(k.dtype)  # (B, Tk)
         k = k * real[:, None, :, None]  # padding rows zeroed: their values cannot leak
         v = v * real[:, None, :, None]
-        k_rows = torch.einsum("rn,bhnd->bhrd", proj_k, k)  # (B, Hkv, k, Dh)
-        v_rows = torch.einsum("rn,bhnd->bhrd", proj_v, v)
-        with torch.no_grad():  # which rows any real key reaches, through E (keys) or F (values)
-            reach = real @ (proj_k.abs() + proj_v.abs()).T  # (B, k)
+        k_rows = proj_k @ k  # (B, Hkv, k, Dh)
+        v_rows = proj_v @ v
+        with torch.no_grad():  # which rows any real key reaches, through E (keys) or F (values), any head
+            reach = real @ (proj_k.abs() + proj_v.abs()).sum(0).T  # (B, k)
         return k_rows, v_rows, reach > 0
 
     def attend_reduced(
