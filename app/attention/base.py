@@ -35,6 +35,8 @@ class KernelCapabilities:
     attention_dropout: bool = True  # can apply dropout to attention weights (dropout_p > 0)
     across_sequences: bool = True  # can attend from one sequence to another (cross-attention); False for
     # patterns of query/key positions, which a target and a source position do not share (sparse)
+    reduces_keys: bool = False  # projects keys/values along the sequence (:meth:`AttentionKernel.reduce`,
+    # linformer): a static (cross-attention) cache then holds the reduced form, computed once per sentence
 
 
 @dataclass
@@ -54,6 +56,8 @@ class AttentionKernel(nn.Module):
 
     capabilities: ClassVar[KernelCapabilities] = KernelCapabilities()
     name: ClassVar[str] = ""  # the registered name, set by :func:`app.attention.registry.register_kernel`
+    # Why a capability is missing, by KernelCapabilities field: shown when a site that needs it is refused.
+    reasons: ClassVar[dict[str, str]] = {}
 
     def forward(
         self,
@@ -93,6 +97,37 @@ class AttentionKernel(nn.Module):
         keys: explicit scores, weights and their gradients (4 x length here). Benchmarks use it to skip
         runs that cannot fit; fused and blockwise kernels override it."""
         return 4 * length
+
+    def bind(self, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        """Learn the head layout of the layer that uses the kernel (called once, when the layer is built),
+        for kernels whose parameters depend on it (linformer ``sharing=none``); default: nothing."""
+
+    def tie_to(self, first: AttentionKernel) -> None:
+        """Share parameters with ``first``, the kernel of the same site in the stack's first layer, when the
+        kernel's settings ask for it (linformer ``sharing=layerwise``). The model calls it for every later
+        layer; kernels without parameters ignore it."""
+
+    def reduce(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Keys and values (B, Hkv, Tk, Dh) reduced along the sequence, with the mask of the reduced rows.
+
+        Only kernels whose ``capabilities.reduces_keys`` is True implement it, with :meth:`attend_reduced`:
+        ``forward`` is ``attend_reduced(q, *reduce(k, v, key_mask))``, and a static cache keeps the reduced
+        form so that cross-attention reduces the encoder output once per sentence.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not reduce keys (capabilities.reduces_keys)")
+
+    def attend_reduced(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_mask: Tensor | None,
+        *,
+        dropout_p: float = 0.0,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """Attend ``q`` (B, H, Tq, Dh) over keys and values that :meth:`reduce` returned."""
+        raise NotImplementedError(f"{type(self).__name__} does not reduce keys (capabilities.reduces_keys)")
 
     def recurrent_step(
         self, state: Any, q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None

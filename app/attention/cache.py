@@ -40,6 +40,8 @@ class KVCache:
     static: bool = False
     max_len: int | None = None
     state: Any = None  # a RecurrentState, or None
+    key_mask: Tensor | None = None  # (B, k): which reduced rows are real, for a static cache of a kernel that
+    # reduces keys along the sequence (capabilities.reduces_keys, linformer); None otherwise
 
     @property
     def filled(self) -> bool:
@@ -66,11 +68,13 @@ class KVCache:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, index)
         if self.state is not None:
             self.state = self.state.reorder(index)
 
     def nbytes(self) -> int:
         """Bytes held by the cached keys, values and recurrent state."""
-        tensors = (t for t in (self.k, self.v) if t is not None)
+        tensors = (t for t in (self.k, self.v, self.key_mask) if t is not None)
         held = sum(t.numel() * t.element_size() for t in tensors)
         return held + (self.state.nbytes() if self.state is not None else 0)

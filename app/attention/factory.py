@@ -33,11 +33,16 @@ def build_attention(spec: AttentionSpec, *, site: str, d_model: int, num_heads: 
 
 
 def check_kernel_fits_site(kernel: str, site: str) -> None:
-    caps = kernel_class(kernel).capabilities
+    """Refuse a kernel lacking what ``site`` needs, naming the missing capabilities, the kernel's reasons
+    (:attr:`~app.attention.base.AttentionKernel.reasons`) and the per-site override that avoids it."""
+    cls = kernel_class(kernel)
+    caps = cls.capabilities
     missing = [need for need, wanted in SITE_NEEDS[site].items() if wanted and not getattr(caps, need)]
     if missing:
+        why = "".join(f" ({cls.reasons[need]})" for need in missing if need in cls.reasons)
         raise AttentionConfigError(
-            f"attention kernel {kernel!r} cannot serve the {site} site: it lacks {', '.join(missing)}"
+            f"attention kernel {kernel!r} cannot serve the {site} site: it lacks {', '.join(missing)}{why}; "
+            f"choose another kernel for this site, e.g. ++attention.sites.{site}.kernel=eager"
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from app.attention.base import AttentionKernel
+from app.attention.base import AttentionKernel, AttentionOutput
 from app.attention.cache import KVCache
 from app.attention.registry import AttentionConfigError
 
@@ -38,6 +38,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
         self.kernel = kernel
+        kernel.bind(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=self.head_dim)
         self.dropout = dropout
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
@@ -73,6 +74,9 @@ class MultiHeadAttention(nn.Module):
         if self._uses_state(cache, causal=causal, cross=memory is not None):
             context = self._recurrent_step(q, x, key_mask=key_mask, cache=cache, need_weights=need_weights)
             return self._merge(context), None
+        if cache is not None and cache.static and self.kernel.capabilities.reduces_keys:
+            out = self._attend_reduced(q, memory, key_mask=key_mask, cache=cache, need_weights=need_weights)
+            return self._merge(out.context), out.weights
         if cache is not None and cache.static and cache.filled:
             k, v = cache.k, cache.v
         else:
@@ -94,6 +98,27 @@ class MultiHeadAttention(nn.Module):
         """Heads (B, H, Tq, Dh) back to the model width, then the output projection: (B, Tq, D)."""
         b, _, tq, _ = context.shape
         return self.out_proj(context.transpose(1, 2).reshape(b, tq, self.num_heads * self.head_dim))
+
+    def _attend_reduced(
+        self, q: Tensor, memory: Tensor, *, key_mask: Tensor | None, cache: KVCache, need_weights: bool
+    ) -> AttentionOutput:
+        """Attention over a static cache that holds keys and values already reduced along the sequence.
+
+        The first call projects ``memory`` (B, Tk, D) and reduces it (e.g. Linformer's E K and F V, Wang et
+        al. 2020, section 4) once per sentence; later decoding steps reuse the reduced (B, Hkv, k, Dh) rows
+        and their mask instead of reducing the whole encoder output again.
+        """
+        if not cache.filled:
+            k, v = self.project_kv(memory)  # (B, Hkv, Tk, Dh)
+            cache.k, cache.v, cache.key_mask = self.kernel.reduce(k, v, key_mask)  # (B, Hkv, k, Dh), (B, k)
+        return self.kernel.attend_reduced(
+            q,
+            cache.k,
+            cache.v,
+            cache.key_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+        )
 
     def _uses_state(self, cache: KVCache | None, *, causal: bool, cross: bool) -> bool:
         """Whether this call decodes with the kernel's recurrent state rather than a KV cache."""

@@ -220,6 +220,10 @@ class Transformer(Seq2Seq):
             DecoderLayer(**layer, self_attn=attention["decoder_self"], cross_attn=attention["cross"])
             for _ in range(decoder_layers)
         )
+        stacks = ((self.encoder, "self_attn"), (self.decoder, "self_attn"), (self.decoder, "cross_attn"))
+        for layers, site in stacks:  # e.g. Linformer's layerwise sharing: one projection for the whole stack
+            for later in layers[1:]:
+                getattr(later, site).kernel.tie_to(getattr(layers[0], site).kernel)
         # Pre-LN stacks need a final norm; post-LN outputs are already normalised.
         self.encoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()

@@ -32,6 +32,8 @@ KERNELS = available_kernels()
 # Kernels that compute full softmax attention; approximations and sparse patterns have their own
 # reference tests in test_attention_variants.py.
 EXACT_KERNELS = [name for name in KERNELS if kernel_class(name).capabilities.exact]
+# Kernels that can mask causally (linformer cannot: its projection mixes every position).
+CAUSAL_KERNELS = [name for name in KERNELS if kernel_class(name).capabilities.causal]
 
 
 def test_builtin_kernels_are_registered() -> None:
@@ -126,7 +128,7 @@ def test_kernel_contract(name: str) -> None:
     assert isinstance(kernel, AttentionKernel)
     q, k, v, key_mask = random_inputs(CASES["gqa_2_of_4"], dtype=torch.float32)
     v = torch.randn(*v.shape[:-1], 6)  # the value width may differ from the query/key width
-    out = kernel(q, k, v, key_mask=key_mask, causal=True)
+    out = kernel(q, k, v, key_mask=key_mask, causal=kernel.capabilities.causal)
     assert isinstance(out, AttentionOutput)
     assert out.context.shape == (3, 4, 4, 6)
     assert out.context.dtype == torch.float32
@@ -158,7 +160,7 @@ def test_rows_without_keys_are_zero_with_finite_gradients(name: str, dtype: torc
     q, k, v, _ = random_inputs(Case(kv_heads=2, tq=3, tk=5), dtype=dtype)
     key_mask = torch.tensor([[True] * 5, [False] * 5, [True, False, False, False, False]])
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-    for causal in (False, True):
+    for causal in (False, True) if kernel.capabilities.causal else (False,):
         out = kernel(*inputs, key_mask=key_mask, causal=causal)
         assert torch.isfinite(out.context).all()
         assert torch.all(out.context[1] == 0)
@@ -169,7 +171,7 @@ def test_rows_without_keys_are_zero_with_finite_gradients(name: str, dtype: torc
         assert torch.all(grads[0][1] == 0)  # nothing flows into queries that attend nothing
 
 
-@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("name", CAUSAL_KERNELS)
 def test_causal_queries_before_the_first_key_are_zero(name: str) -> None:
     # Tq > Tk: query i sits at position i - 2, so the first two queries see no key at all.
     q, k, v, _ = random_inputs(Case(tq=5, tk=3), dtype=torch.float32)
@@ -223,7 +225,8 @@ def test_kv_heads_equal_to_heads_is_plain_mha(name: str) -> None:
     explicit.load_state_dict(mha.state_dict())
     assert explicit.k_proj.out_features == 32
     x = torch.randn(2, 5, 32)
-    assert torch.equal(explicit(x, causal=True)[0], mha(x, causal=True)[0])
+    causal = mha.kernel.capabilities.causal
+    assert torch.equal(explicit(x, causal=causal)[0], mha(x, causal=causal)[0])
 
 
 def expand_kv_projection(layer: nn.Linear, kv_heads: int, heads: int, head_dim: int) -> tuple[Tensor, Tensor]:
@@ -275,24 +278,30 @@ def test_kv_heads_must_divide_heads(kv_heads: int) -> None:
 def test_gqa_cache_stores_only_kv_heads(name: str) -> None:
     torch.manual_seed(0)
     layer = make_mha(name, kv_heads=2)
+    caps = layer.kernel.capabilities
     x = torch.randn(3, 4, 32)
-    full, _ = layer(x, causal=True)
-    cache = KVCache()
-    steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(4)]
-    if layer.kernel.capabilities.recurrent:  # a fixed-size state per kv head instead of keys and values
-        assert cache.k is None and cache.state.kv.shape[:2] == (3, 2)
-    else:
-        assert cache.k.shape == cache.v.shape == (3, 2, 4, 8)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
-
+    if caps.causal:  # decoder self-attention: a growing cache (linformer cannot serve that site)
+        full, _ = layer(x, causal=True)
+        cache = KVCache()
+        steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(4)]
+        if caps.recurrent:  # a fixed-size state per kv head instead of keys and values
+            assert cache.k is None and cache.state.kv.shape[:2] == (3, 2)
+        else:
+            assert cache.k.shape == cache.v.shape == (3, 2, 4, 8)
+        torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
+    if not caps.across_sequences:
+        return
     memory, mask = torch.randn(3, 6, 32), torch.tensor([[True] * 6, [True] * 2 + [False] * 4, [True] * 6])
     cross = KVCache(static=True)
     first, _ = layer(x[:, :1], memory=memory, key_mask=mask, cache=cross)
-    assert cross.k.shape == (3, 2, 6, 8)
+    # Kernels that reduce keys along the sequence (linformer) cache the reduced rows, once per sentence.
+    rows = layer.kernel.k if caps.reduces_keys else 6
+    assert cross.k.shape == (3, 2, rows, 8)
     # A static cache is reused: the memory passed on later steps is ignored.
     again, _ = layer(x[:, :1], memory=torch.zeros_like(memory), key_mask=mask, cache=cross)
     assert torch.equal(first, again)
-    assert cross.k.shape == (3, 2, 6, 8)
+    assert cross.k.shape == (3, 2, rows, 8)
+    torch.testing.assert_close(first, layer(x[:, :1], memory=memory, key_mask=mask)[0])
 
 
 def test_kv_cache_window_and_reorder() -> None:
@@ -390,19 +399,21 @@ def test_attention_dropout_is_rejected_at_build_time_only_where_impossible(name:
         assert layer.dropout == 0.1
         return
     able = ", ".join(n for n in KERNELS if kernel_class(n).capabilities.attention_dropout)
+    site = "cross" if kernel_class(name).capabilities.across_sequences else "encoder_self"
     message = (
-        rf"kernel '{name}' cannot apply attention dropout \(dropout=0.1 at the cross site\): set "
-        rf"attention.dropout=0 \(attention.sites.cross.dropout=0 for this site only\) .*{able}$"
+        rf"kernel '{name}' cannot apply attention dropout \(dropout=0.1 at the {site} site\): set "
+        rf"attention.dropout=0 \(attention.sites.{site}.dropout=0 for this site only\) .*{able}$"
     )
     with pytest.raises(AttentionConfigError, match=message):
-        build_attention(spec, site="cross", d_model=32, num_heads=4)
-    build_attention(AttentionSpec(kernel=name), site="cross", d_model=32, num_heads=4)  # dropout 0 is fine
+        build_attention(spec, site=site, d_model=32, num_heads=4)
+    build_attention(AttentionSpec(kernel=name), site=site, d_model=32, num_heads=4)  # dropout 0 is fine
 
 
-def test_only_linear_lacks_attention_dropout_and_is_recurrent() -> None:
+def test_only_linear_and_lsh_lack_attention_dropout_and_only_linear_is_recurrent() -> None:
     without = {n for n in KERNELS if not kernel_class(n).capabilities.attention_dropout}
     recurrent = {n for n in KERNELS if kernel_class(n).capabilities.recurrent}
-    assert without == recurrent == {"linear"}
+    assert without == {"linear", "lsh"}
+    assert recurrent == {"linear"}
 
 
 def test_site_specs_unknown_key_is_named_with_its_place() -> None:

@@ -40,12 +40,19 @@ TINY = {
 }
 HEAD_DIM = TINY["d_model"] // TINY["num_heads"]
 LAYOUTS = {"mha": None, "gqa": 2, "mqa": 1}  # num_kv_heads of the heads group's options
-SITE_RULES = {  # the kernel everywhere, or (as conf/attention/sparse.yaml does) dense cross-attention
+SITE_RULES = {  # the kernel everywhere, or (as conf/attention/{sparse,lsh,linformer}.yaml do) one dense site
     "all_sites": {},
     "dense_cross": {"sites": {"cross": {"kernel": "eager"}}},
+    "dense_decoder_self": {"sites": {"decoder_self": {"kernel": "eager"}}},
 }
-# Settings small enough that sparse patterns and linear chunks take effect at these lengths.
-SMALL_OPTIONS: dict[str, dict[str, Any]] = {"sparse": {"window": 2, "block": 4}, "linear": {"chunk_size": 3}}
+# Settings small enough that sparse patterns, linear and LSH chunks and Linformer's projection take effect
+# at these lengths (k=4 rows for up to 8 keys).
+SMALL_OPTIONS: dict[str, dict[str, Any]] = {
+    "sparse": {"window": 2, "block": 4},
+    "linear": {"chunk_size": 3},
+    "lsh": {"chunk_size": 1, "n_buckets": 2, "n_hashes": 2},
+    "linformer": {"k": 4, "max_len": TINY["max_positions"]},
+}
 COMBINATIONS = list(itertools.product(available_kernels(), LAYOUTS, SITE_RULES))
 
 
@@ -135,6 +142,9 @@ def test_a_head_layout_that_does_not_divide_the_heads_is_refused(num_kv_heads: i
         ("sparse", {"pattern": "global_window", "num_global": 2}, "sparse global_window window=64 global=2"),
         ("linear", {}, "linear elu"),
         ("linear", {"feature_map": "favor", "num_features": 32}, "linear favor m=32"),
+        ("linformer", {}, "linformer k=64 headwise"),
+        ("linformer", {"k": 32, "sharing": "key_value"}, "linformer k=32 key_value"),
+        ("lsh", {}, "lsh buckets=8 hashes=4 chunk=64"),
     ],
 )
 def test_kernels_describe_themselves(kernel: str, options: dict[str, Any], label: str) -> None:
@@ -190,8 +200,9 @@ def decoded_cache_bytes(kernel: str, options: dict[str, Any], num_kv_heads: int,
         ("sparse", {"pattern": "strided", "window": 2, "stride": 3}),
         ("linear", {}),
         ("linear", {"feature_map": "favor", "num_features": 5}),
+        ("lsh", {"chunk_size": 2, "n_buckets": 2}),
     ],
-    ids=["eager", "sdpa", "sparse_window", "sparse_strided", "linear_elu", "linear_favor"],
+    ids=["eager", "sdpa", "sparse_window", "sparse_strided", "linear_elu", "linear_favor", "lsh"],
 )
 def test_cache_bytes_match_what_decoding_keeps(
     kernel: str, options: dict[str, Any], num_kv_heads: int, length: int
@@ -229,3 +240,6 @@ def test_scores_per_query_reflect_what_each_kernel_materialises() -> None:
     assert scores("sdpa", 4096) == scores("flash", 4096) == 0
     assert scores("sparse", 4096, window=32) == scores("sparse", 8192, window=32) < scores("eager", 4096)
     assert scores("linear", 4096) == scores("linear", 8192) < scores("eager", 4096)
+    assert scores("linformer", 4096, k=256) == scores("linformer", 8192, k=256) < scores("eager", 4096) // 8
+    lsh = scores("lsh", 4096, chunk_size=64, n_hashes=4)
+    assert lsh == scores("lsh", 8192, chunk_size=64, n_hashes=4) < scores("eager", 4096)

@@ -1,0 +1,214 @@
+"""The linformer kernel (Wang et al. 2020): equal to softmax attention where its projection is the identity,
+padding never leaks, causal sites are refused with the reason, sharing ties what it says, and the static
+cross-attention cache holds the projected rows, computed once per sentence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.configs import CONF_DIR
+from omegaconf import OmegaConf
+from torch import Tensor
+
+from app.attention import AttentionConfigError, KVCache, MultiHeadAttention, build_kernel
+from app.attention.base import repeat_kv
+from app.attention.config import AttentionSpec, site_specs
+from app.attention.factory import build_attention
+from app.attention.kernels.linformer import LinformerAttention
+from app.models import build_model
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+TINY = {
+    "family": "transformer",
+    "d_model": 32,
+    "num_heads": 4,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "d_ff": 64,
+    "dropout": 0.0,
+    "max_positions": 16,
+}
+
+
+def inputs(
+    *, heads: int = 4, kv_heads: int = 4, tq: int = 5, tk: int = 7, padded: bool = True, seed: int = 0
+):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, heads, tq, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(3, kv_heads, tk, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(3, kv_heads, tk, 8, generator=gen, dtype=torch.float64)
+    key_mask = torch.arange(tk)[None, :] < torch.tensor([tk, tk - 2, 2])[:, None] if padded else None
+    return q, k, v, key_mask
+
+
+def identity_linformer(
+    n: int, *, sharing: str = "headwise", max_len: int | None = None, kv_heads: int = 1
+) -> LinformerAttention:
+    kernel = build_kernel("linformer", k=n, sharing=sharing, max_len=max_len or n)
+    kernel.bind(num_heads=4, num_kv_heads=kv_heads, head_dim=8)
+    with torch.no_grad():
+        for proj in (kernel.proj_k, kernel.proj_v):
+            proj.zero_()
+            proj[:, :, :n] = torch.eye(n)
+    return kernel.double()
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("sharing", ["none", "headwise", "key_value"])
+def test_identity_projections_with_k_equal_to_n_are_softmax_attention(
+    kv_heads: int, padded: bool, sharing: str
+) -> None:
+    q, k, v, key_mask = inputs(kv_heads=kv_heads, padded=padded)
+    # E = F = [I 0] (one per kv head for sharing=none): only the first 7 columns are used
+    kernel = identity_linformer(7, sharing=sharing, max_len=9, kv_heads=kv_heads)
+    assert kernel.proj_k.size(0) == (kv_heads if sharing == "none" else 1)
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    theirs = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = kernel(*ours, key_mask=key_mask).context
+    expected = build_kernel("eager")(*theirs, key_mask=key_mask).context
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(expected)
+    for a, b in zip(
+        torch.autograd.grad(got, ours, grad), torch.autograd.grad(expected, theirs, grad), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_gradients_reach_the_projections_and_inputs() -> None:
+    q, k, v, key_mask = inputs()
+    kernel = build_kernel("linformer", k=4, max_len=7).double()
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    kernel(q, k, v, key_mask=key_mask).context.square().sum().backward()
+    for tensor in (q, k, v, kernel.proj_k, kernel.proj_v):
+        assert tensor.grad is not None and torch.isfinite(tensor.grad).all() and tensor.grad.abs().sum() > 0
+    # Padded positions of the shortest sentence receive no gradient in their keys and values.
+    assert torch.all(k.grad[2, :, 2:] == 0) and torch.all(v.grad[2, :, 2:] == 0)
+
+
+def test_padding_never_leaks() -> None:
+    q, k, v, key_mask = inputs(kv_heads=2)
+    kernel = build_kernel("linformer", k=3, max_len=7).double()
+    out = kernel(q, k, v, key_mask=key_mask).context
+    noise = torch.randn_like(k) * 100
+    hidden = ~key_mask[:, None, :, None]
+    changed = kernel(q, torch.where(hidden, noise, k), torch.where(hidden, -noise, v), key_mask=key_mask)
+    torch.testing.assert_close(changed.context, out, rtol=0, atol=0)
+
+
+def test_grouped_kv_heads_equal_repeated_kv_heads() -> None:
+    q, k, v, key_mask = inputs(kv_heads=2)
+    kernel = build_kernel("linformer", k=3, max_len=7).double()
+    grouped = kernel(q, k, v, key_mask=key_mask).context
+    repeated = kernel(q, repeat_kv(k, 4), repeat_kv(v, 4), key_mask=key_mask).context
+    torch.testing.assert_close(grouped, repeated, rtol=1e-12, atol=1e-12)
+
+
+def test_a_sentence_of_padding_only_gives_zero() -> None:
+    q, k, v, _ = inputs()
+    key_mask = torch.tensor([[True] * 7, [False] * 7, [True] + [False] * 6])
+    out = build_kernel("linformer", k=4, max_len=7).double()(q, k, v, key_mask=key_mask).context
+    assert torch.all(out[1] == 0) and out[2].abs().sum() > 0
+
+
+def test_causal_use_is_refused_with_the_reason() -> None:
+    q, k, v, _ = inputs()
+    with pytest.raises(ValueError, match="cannot be causal: each projected key mixes all positions"):
+        build_kernel("linformer", max_len=7)(q, k, v, causal=True)
+    message = r"'linformer' cannot serve the decoder_self site: it lacks causal \(each projected key mixes"
+    with pytest.raises(AttentionConfigError, match=message + r".*\+attention\.sites\.decoder_self\.kernel="):
+        build_attention(AttentionSpec(kernel="linformer"), site="decoder_self", d_model=32, num_heads=4)
+    with pytest.raises(AttentionConfigError, match="cannot serve the decoder_self site"):
+        build_model(TINY, {"kernel": "linformer"}, src_vocab_size=20, tgt_vocab_size=20, pad_id=0)
+
+
+def test_too_long_inputs_and_bad_options_are_named() -> None:
+    q, k, v, _ = inputs(tk=7)
+    with pytest.raises(ValueError, match=r"got 7 keys but its projections cover max_len=6"):
+        build_kernel("linformer", max_len=6)(q, k, v)
+    with pytest.raises(
+        AttentionConfigError, match="unknown linformer sharing 'heads'; valid choices: none, headwise"
+    ):
+        build_kernel("linformer", sharing="heads")
+    with pytest.raises(AttentionConfigError, match=r"linformer attention k=0 must be an integer >= 1"):
+        build_kernel("linformer", k=0)
+
+
+def linformer_model(sharing: str) -> torch.nn.Module:
+    attention = {"kernel": "linformer", "k": 4, "sharing": sharing, "max_len": 16}
+    attention["sites"] = {"decoder_self": {"kernel": "eager"}}
+    torch.manual_seed(0)
+    return build_model(TINY, attention, src_vocab_size=20, tgt_vocab_size=20, pad_id=0)
+
+
+def projections(model: torch.nn.Module) -> list[Tensor]:
+    kernels = [layer.self_attn.kernel for layer in model.encoder] + [
+        layer.cross_attn.kernel for layer in model.decoder
+    ]
+    return [p for kernel in kernels for p in (kernel.proj_k, kernel.proj_v)]
+
+
+@pytest.mark.parametrize(
+    ("sharing", "distinct"), [("none", 8), ("headwise", 8), ("key_value", 4), ("layerwise", 2)]
+)
+def test_sharing_ties_the_papers_parameters(sharing: str, distinct: int, tmp_path) -> None:
+    # 2 encoder layers and 2 cross-attention layers, E and F each: the paper's section 4 options.
+    model = linformer_model(sharing)
+    assert len({id(p) for p in projections(model)}) == distinct
+    heads = TINY["num_heads"] if sharing == "none" else 1  # sharing=none: one E and F per kv head
+    assert {tuple(p.shape) for p in projections(model)} == {(heads, 4, 16)}
+    encoder_e = model.encoder[0].self_attn.kernel.proj_k
+    cross_e = model.decoder[0].cross_attn.kernel.proj_k
+    assert encoder_e is not cross_e  # sites never share
+    # Tied parameters stay tied through a state-dict round trip.
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    again = linformer_model(sharing)
+    again.load_state_dict(torch.load(tmp_path / "model.pt"))
+    assert len({id(p) for p in projections(again)}) == distinct
+    for a, b in zip(projections(model), projections(again), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_cross_attention_caches_the_projected_rows_once_per_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(
+        d_model=32, num_heads=4, num_kv_heads=2, kernel=build_kernel("linformer", k=3, max_len=8)
+    ).eval()
+    x, memory = torch.randn(3, 4, 32), torch.randn(3, 6, 32)
+    mask = torch.tensor([[True] * 6, [True] * 2 + [False] * 4, [True] * 6])
+    full, _ = layer(x, memory=memory, key_mask=mask)
+    calls = []
+    reduce = layer.kernel.reduce
+    monkeypatch.setattr(layer.kernel, "reduce", lambda *a: calls.append(1) or reduce(*a))
+    cache = KVCache(static=True)
+    steps = [layer(x[:, t : t + 1], memory=memory, key_mask=mask, cache=cache)[0] for t in range(4)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1  # the encoder output is projected on the first step only
+    assert cache.k.shape == cache.v.shape == (3, 2, 3, 8) and cache.key_mask.shape == (3, 3)
+    before = cache.nbytes()
+    cache.reorder(torch.tensor([2, 0]))  # beam search / finished rows keep the projected rows' mask too
+    assert cache.k.shape[0] == cache.key_mask.shape[0] == 2 and cache.nbytes() < before
+
+
+def test_the_group_config_puts_eager_at_the_decoder_self_site() -> None:
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "attention" / "linformer.yaml"))
+    raw.pop("defaults")
+    raw["max_len"] = 16
+    specs = site_specs(raw)
+    assert [specs[s].kernel for s in ("encoder_self", "decoder_self", "cross")] == [
+        "linformer",
+        "eager",
+        "linformer",
+    ]
+    assert specs["decoder_self"].options == {}
+
+
+def test_unshared_projections_give_each_kv_head_its_own_rows() -> None:
+    torch.manual_seed(0)
+    kernel = build_kernel("linformer", k=3, sharing="none", max_len=8)
+    layer = MultiHeadAttention(d_model=32, num_heads=4, num_kv_heads=2, kernel=kernel)
+    assert layer.kernel.proj_k.shape == layer.kernel.proj_v.shape == (2, 3, 8)
+    k = torch.randn(1, 1, 6, 8).expand(1, 2, -1, -1)  # both kv heads hold the same keys
+    rows, _, _ = layer.kernel.reduce(k, k, None)
+    assert not torch.allclose(rows[0, 0], rows[0, 1])  # yet their projections differ
