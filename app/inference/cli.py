@@ -189,7 +189,7 @@ def translate_group(
         translator = translator.translator
     if not isinstance(translator, Translator):
         raise ValueError(f"--plot-attention needs the torch engine, not {translator.name}")
-    from app.attention.plot import plot_file_name, save_attention_plot  # matplotlib: only when plotting
+    from app.inference.plot import plot_file_name, save_attention_plot  # matplotlib: only when plotting
 
     maps = translator.translate_with_attention(
         group, settings, layer=plots.layer, head=plots.head, on_truncate=on_truncate

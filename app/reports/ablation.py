@@ -563,7 +563,7 @@ def cached_attention_panels(
 def attention_png(group: Group, cache: Path, *, remeasure: bool = False) -> bytes | None:
     """The fixed test sentence's attention maps of all variants side by side; None without test data
     or without any checkpoint or cached map."""
-    from app.attention.plot import comparison_figure
+    from app.inference.plot import comparison_figure
     from app.reports.figures import png_bytes
 
     texts = test_texts(group.variants[0].runs[0]) if group.variants else None

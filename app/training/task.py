@@ -36,6 +36,7 @@ from app.inference.selection import METRICS, best_trial, search_grid, validation
 from app.inference.translator import SearchSettings
 from app.io import atomic_write
 from app.models import build_model
+from app.ranks import launched_as_rank_zero
 from app.training.callbacks import (
     NO_TIME_BUDGET,
     BatchSamplerEpoch,
@@ -47,7 +48,6 @@ from app.training.callbacks import (
     SamplerPosition,
 )
 from app.training.checkpoint_io import AtomicCheckpointIO
-from app.training.distributed import launched_as_rank_zero
 from app.training.loggers import build_logger, log_results_and_close
 from app.training.module import TranslationModule
 from app.training.optim import AUTO, schedule_factor

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.data import bench
+from app.bench import data as bench
 
 TINY = [
     "data.subword.vocab_size=300",
