@@ -46,6 +46,7 @@ from app.hardware import cpu_description, matmul_peak_tflops
 from app.training.task import build_run
 
 PROFILE_ROWS = 25  # operators listed by --profile, by their own (self) CPU time
+NO_PEAK = "n/a: no fast bf16 on this CPU"  # what the summary says for a bf16 peak that was not measured
 
 
 class StepProfile(pl.Callback):
@@ -71,9 +72,6 @@ class StepProfile(pl.Callback):
             averages = self.profiler.key_averages()
             self.table = averages.table(sort_by="self_cpu_time_total", row_limit=PROFILE_ROWS)
             self.profiler = None
-
-
-NO_PEAK = "n/a: no fast bf16 on this CPU"  # what the summary says for a peak that was not measured
 
 
 def peak_tflops(device: torch.device, size: int | None = None) -> dict[str, float | None]:
