@@ -29,7 +29,7 @@ demo: data  ## the main job: train the quickstart experiment (<= 10 min on 2 CPU
 	$(PY) translate.py $(RUN_DIR)/checkpoints/best.ckpt "Ein Mann fährt mit dem Fahrrad." "Zwei Hunde spielen im Schnee."
 
 test: install  ## every test of every layer (unit, integration, scripts), slow-marked ones included (CI)
-	$(PY) -m pytest -q -m "slow or not slow" tests
+	$(PY) -m pytest -q -m "slow or not slow" --durations=20 tests
 
 test-unit: install  ## the unit layer only (tests/unit), slow-marked tests included
 	$(PY) -m pytest -q -m "slow or not slow" tests/unit

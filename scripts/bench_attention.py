@@ -1,5 +1,5 @@
 """Benchmark one attention layer per kernel: time and peak memory against sequence length, and KV-cache
-decoding (the library: :mod:`app.attention.benchmark`, whose docstring says what is measured and how).
+decoding (the library: :mod:`app.bench.attention`, whose docstring says what is measured and how).
 
     python scripts/bench_attention.py --device cpu --threads 2       # docs/bench/attention_cpu.{csv,png}
     python scripts/bench_attention.py --device cuda                  # docs/bench/attention_cuda.{csv,png}
@@ -9,11 +9,9 @@ decoding (the library: :mod:`app.attention.benchmark`, whose docstring says what
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # allow running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install -e .`
 
-from app.attention.benchmark import main  # noqa: E402
+from app.bench.attention import main
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 
 from app.data.corpus import TextColumn, TextDigest
 from app.data.tokenizer import SubwordSampling, Tokenizer
-from app.training.distributed import launched_as_local_zero, wait_for_file
+from app.ranks import launched_as_local_zero, wait_for_file
 
 __all__ = ["FORMAT_VERSION", "EncodedPairs", "ResampledPairs", "encode_split", "encoding_key", "text_column"]
 

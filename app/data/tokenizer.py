@@ -22,7 +22,7 @@ import numpy as np
 import sentencepiece as spm
 
 from app.data.corpus import TextColumn, TextDigest
-from app.training.distributed import launched_as_local_zero, wait_for_file
+from app.ranks import launched_as_local_zero, wait_for_file
 
 __all__ = [
     "BOS_ID",

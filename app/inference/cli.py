@@ -185,7 +185,7 @@ def translate_group(
         return [jsonl_record(line, hyps) for line, hyps in zip(group, found, strict=True)]
     if plots is None:
         return engine.translate(group, settings, on_truncate=on_truncate)
-    from app.attention.plot import plot_file_name, save_attention_plot  # matplotlib: only when plotting
+    from app.inference.plot import plot_file_name, save_attention_plot  # matplotlib: only when plotting
 
     maps = engine.attention_maps(group, settings, layer=plots.layer, head=plots.head, on_truncate=on_truncate)
     for index, attention in enumerate(maps):

@@ -5,7 +5,7 @@ in the metadata), so regenerated reports diff cleanly.
 
 ``metric`` picks the logged BLEU of :func:`curves_figure`: ``bleu`` (cased) or ``bleu_lc`` (lowercased,
 for case-folded recipes, whose cased BLEU means nothing), the same names as ``selection.metric``. The
-ablation's attention maps are drawn by :func:`app.attention.plot.comparison_figure`. This module imports
+ablation's attention maps are drawn by :func:`app.inference.plot.comparison_figure`. This module imports
 matplotlib, numpy and the run reader only (``scripts/plot_curves.py`` starts in about a second): the
 variant types are for annotations.
 """

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from app.attention.plot import comparison_figure
+from app.inference.plot import comparison_figure
 from app.reports import figures
 from app.reports.measurements import (
     ATTENTION_CACHE,

@@ -27,6 +27,7 @@ from app.inference.engine import SearchSettings
 from app.inference.run_scoring import score_run
 from app.inference.selection import check_selection, validation_metric
 from app.models import build_model
+from app.ranks import launched_as_rank_zero
 from app.rundir import BEST, STEP_STEM, RunDir
 from app.training.callbacks import (
     NO_TIME_BUDGET,
@@ -39,7 +40,6 @@ from app.training.callbacks import (
     SamplerPosition,
 )
 from app.training.checkpoint_io import AtomicCheckpointIO
-from app.training.distributed import launched_as_rank_zero
 from app.training.loggers import build_logger, log_results_and_close
 from app.training.module import TranslationModule
 from app.training.optim import AUTO, schedule_factor

@@ -10,14 +10,9 @@ from pathlib import Path
 import pytest
 from helpers.training import compose_train, read_trace, run_train, tiny_overrides, write_corpus_slice
 
+from app.ranks import launched_as_local_zero, launched_as_rank_zero
 from app.training.callbacks import SameRunDirectory
-from app.training.distributed import (
-    gather_objects,
-    launched_as_local_zero,
-    launched_as_rank_zero,
-    rank_zero_log_file,
-    register_resolvers,
-)
+from app.training.distributed import gather_objects, rank_zero_log_file, register_resolvers
 from app.training.task import build_fit
 
 RANK_ENV = ("RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK", "SLURM_LOCALID")

@@ -53,7 +53,7 @@ def test_training_benchmark_on_the_gpu_counts_flops_and_measures_the_gpus_peak(
 ) -> None:
     """scripts/bench_train.py on CUDA: FLOPs are counted from lengths that live on the GPU, and MFU
     divides by the GPU's own bf16 peak (hundreds of TFLOP/s), not the host CPU's."""
-    from app.training.benchmark import measure
+    from app.bench.training import measure
 
     overrides = tiny_overrides(corpus, tmp_path / "run", tmp_path / "cache")
     overrides = [o for o in overrides if not o.startswith(("trainer.accelerator", "trainer.precision"))]

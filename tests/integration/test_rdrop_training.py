@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers.training import compose_train, tiny_overrides
 
+from app.bench.runs import StepClock
 from app.data.batch import Batch
 from app.models.flops import batch_lengths, transformer_training_flops
-from app.training.benchmark import StepClock
 from app.training.losses import label_smoothed_nll
 from app.training.task import Fit, build_fit
 

@@ -1,4 +1,4 @@
-"""The attention benchmark (app.attention.benchmark, run by scripts/bench_attention.py) at tiny sizes:
+"""The attention benchmark (app.bench.attention, run by scripts/bench_attention.py) at tiny sizes:
 every variant runs, the CSV and the plot appear, peak memory is measured or said to be unmeasured."""
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.attention import benchmark as bench
+from app.bench import attention as bench
+from app.bench.attention_cases import TRAIN_CASES, timed_row
+from app.bench.attention_plot import series
+from app.bench.memory import PEAK_UNMEASURED, parse_bytes, peak_bytes
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -21,8 +24,8 @@ def test_tiny_run_writes_every_row_and_the_plot(tmp_path: Path) -> None:
     with out_csv.open() as handle:
         rows = list(csv.DictReader(handle))
     train = [r for r in rows if r["bench"] == "train"]
-    assert {r["variant"] for r in train} == {v.name for v in bench.VARIANTS}
-    assert len(train) == 2 * len(bench.VARIANTS) and all(r["status"] == "ok" for r in train)
+    assert {r["variant"] for r in train} == {case.name for case in TRAIN_CASES}
+    assert len(train) == 2 * len(TRAIN_CASES) and all(r["status"] == "ok" for r in train)
     assert all(float(r["time_ms"]) > 0 and int(r["peak_bytes"]) > 0 for r in train)
     cache = {(r["variant"], int(r["length"])): int(r["cache_bytes"]) for r in rows if r["mode"] == "cached"}
     assert cache[("mha_sdpa", 8)] == 2 * cache[("mha_sdpa", 4)] == 2 * 2 * 4 * 32 * 4  # K and V, float32
@@ -53,7 +56,7 @@ def test_estimate_skips_what_exceeds_the_memory_cap(tmp_path: Path) -> None:
         status = {(r["variant"], r["length"]): r["status"] for r in csv.DictReader(handle)}
     assert status[("eager", "8")] == status[("sdpa", "8")] == status[("sdpa", "512")] == "ok"
     assert status[("eager", "512")].startswith("skipped: estimated")
-    assert bench.parse_bytes("4GiB") == 4 * 2**30 and bench.parse_bytes("1e6") == 10**6
+    assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("1e6") == 10**6
 
 
 def test_kernel_only_times_every_kernel_without_projections(tmp_path: Path) -> None:
@@ -62,7 +65,7 @@ def test_kernel_only_times_every_kernel_without_projections(tmp_path: Path) -> N
     bench.main([*tiny, "--kernel-only", "--causal", "--lengths", "16", "--out-csv", str(out_csv)])
     with out_csv.open() as handle:
         rows = list(csv.DictReader(handle))
-    assert {r["variant"] for r in rows} == {v.name for v in bench.VARIANTS}
+    assert {r["variant"] for r in rows} == {case.name for case in TRAIN_CASES}
     assert all(r["mode"] == "kernel fwd+bwd" and r["status"] == "ok" for r in rows)
     assert all(float(r["time_ms"]) > 0 and int(r["peak_bytes"]) > 0 for r in rows)
 
@@ -77,15 +80,15 @@ def test_cpu_peak_is_the_largest_total_alive_at_once() -> None:
         c = torch.empty(2**20, dtype=torch.uint8)
         del c
 
-    peak = bench.peak_bytes(run, torch.device("cpu"))
+    peak = peak_bytes(run, torch.device("cpu"))
     assert 2 * 2**20 <= peak < 2 * 2**20 + 2**16
 
 
 def test_a_peak_that_cannot_be_measured_says_so() -> None:
     """Nothing allocated, nothing recorded: the cell and the status say 'not measured', never a blank."""
-    peak = bench.peak_bytes(lambda: None, torch.device("cpu"))
+    peak = peak_bytes(lambda: None, torch.device("cpu"))
     assert peak is None
-    row = {"variant": "v", "mode": "fwd+bwd", "length": "8", **bench.timed_row(1.5, peak)}
-    assert row["peak_bytes"] == bench.PEAK_UNMEASURED and "not measured" in row["status"]
-    assert bench.series([row], "peak_bytes") == {}
-    assert bench.series([row], "time_ms") == {("v", "fwd+bwd"): [(8.0, 1.5)]}
+    row = {"variant": "v", "mode": "fwd+bwd", "length": "8", **timed_row(1.5, peak)}
+    assert row["peak_bytes"] == PEAK_UNMEASURED and "not measured" in row["status"]
+    assert series([row], "peak_bytes") == {}
+    assert series([row], "time_ms") == {("v", "fwd+bwd"): [(8.0, 1.5)]}

@@ -1,4 +1,5 @@
-"""scripts/bench_decode.py: sentences/s per beam size, BLEU against references, a JSON summary."""
+"""scripts/bench_decode.py (app.bench.decoding): sentences/s per beam size, BLEU against references, a JSON
+summary; the script once as a user runs it, the rest in-process."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.rnn import ATTENTIONS, TINY_RNN
+
+from app.bench import decoding
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -49,6 +52,5 @@ def test_bench_decode_without_a_source_is_a_clear_error(
 ) -> None:
     checkpoint = tmp_path / "rnn.ckpt"
     checkpoint_factory(checkpoint, model_cfg=TINY_RNN, attention_cfg=ATTENTIONS["additive"])
-    completed = bench(str(checkpoint))  # the factory's config names no test files
-    assert completed.returncode == 2
-    assert "pass --source" in completed.stderr
+    assert decoding.main([str(checkpoint)]) == 2  # the factory's config names no test files
+    assert "pass --source" in capsys.readouterr().err

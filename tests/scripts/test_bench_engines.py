@@ -14,6 +14,7 @@ import torch
 from helpers.models import TINY_TRANSFORMER
 from helpers.training import subprocess_env
 
+from app.bench import engines as bench_engines
 from app.inference.engines import open_engine
 from app.inference.metrics import corpus_scores
 from app.inference.translator import SearchSettings
@@ -67,6 +68,7 @@ def test_bench_engines_measures_every_case_with_bleu_and_agreement(
     assert table.count("| torch-bf16 | 1 |") == 2 and "CT2 float32 greedy == torch float32 greedy" in table
 
 
-def test_bench_engines_rejects_an_unknown_engine(tmp_path: Path) -> None:
-    result = run_script(str(tmp_path / "x.ckpt"), "--engines", "onnx")
-    assert result.returncode == 2 and "invalid choice: 'onnx'" in result.stderr
+def test_bench_engines_rejects_an_unknown_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench_engines.main([str(tmp_path / "x.ckpt"), "--engines", "onnx"])
+    assert exited.value.code == 2 and "invalid choice: 'onnx'" in capsys.readouterr().err

@@ -1,12 +1,14 @@
-"""app.hardware: fast-bf16 detection from the CPU's feature flags (a public interface, /proc/cpuinfo)."""
+"""app.hardware: fast-bf16 detection from the CPU's feature flags (a public interface, /proc/cpuinfo), and
+no peak measured for a dtype without a fast path."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
-from app.hardware import cpu_flags, cpu_has_fast_bf16, resolve_precision
+from app.hardware import cpu_flags, cpu_has_fast_bf16, has_fast_matmul, matmul_peak_tflops, resolve_precision
 
 X86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 {extra}\n\nprocessor\t: 1\n"
 ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve {extra}\n"
@@ -39,3 +41,22 @@ def test_without_cpuinfo_the_answer_is_no(tmp_path: Path) -> None:
 def test_only_auto_is_resolved() -> None:
     assert resolve_precision("16-mixed", "cpu") == "16-mixed"
     assert resolve_precision("auto", "cpu") == ("bf16-mixed" if cpu_has_fast_bf16() else "32-true")
+
+
+def test_no_bf16_product_runs_for_a_peak_where_the_cpu_lacks_fast_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an AVX2-only CPU one emulated bf16 2048 product takes seconds: the peak is None, unmeasured."""
+    slow, fast = tmp_path / "avx2", tmp_path / "avx512_bf16"
+    slow.write_text(X86.format(extra="avx512f"))
+    fast.write_text(X86.format(extra="avx512f avx512_bf16"))
+    dtypes: list[torch.dtype] = []
+    matmul = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: dtypes.append(a.dtype) or matmul(a, b))
+
+    assert not has_fast_matmul(torch.bfloat16, "cpu", slow) and has_fast_matmul(torch.float32, "cpu", slow)
+    assert matmul_peak_tflops(torch.bfloat16, size=32, repeats=1, cpuinfo=slow) is None
+    assert dtypes == []
+    assert matmul_peak_tflops(torch.float32, size=32, repeats=1, cpuinfo=slow) > 0
+    assert matmul_peak_tflops(torch.bfloat16, size=32, repeats=1, cpuinfo=fast) > 0
+    assert dtypes == [torch.float32] * 2 + [torch.bfloat16] * 2  # warm-up + one timed product each

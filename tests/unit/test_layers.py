@@ -100,3 +100,16 @@ def test_inference_and_the_model_code_run_without_lightning(module: str) -> None
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO_ROOT
     )
     assert loaded.stdout.strip() == "[]", f"importing {module} loads {loaded.stdout.strip()}"
+
+
+def test_the_attention_package_draws_nothing() -> None:
+    """Figures belong above the kernels: nothing in app/attention imports matplotlib."""
+    drawing = []
+    for path in sorted((APP / "attention").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            drawing += [
+                f"{path.relative_to(REPO_ROOT)}: {n}" for n in names if n.split(".")[0] == "matplotlib"
+            ]
+    assert not drawing, f"plots belong above app/attention: {drawing}"

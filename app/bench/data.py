@@ -1,7 +1,7 @@
 """The data pipeline at scale: first preparation, start-up from cache, peak memory, training throughput.
 
 A benchmark, not a test (``scripts/bench_data.py`` is the command line). For ``--pairs N`` it writes a
-synthetic corpus grown from Multi30k's training set (:mod:`app.data.synthetic`), then runs two phases,
+synthetic corpus grown from Multi30k's training set (:mod:`app.data.synthetic`), then runs three phases,
 each in a fresh process so that each peak RSS is that phase's own:
 
 * ``prepare``: an empty cache -> datasets' Arrow conversion, sentencepiece training, tokenization with
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import statistics
 import subprocess
@@ -30,38 +29,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 from omegaconf import DictConfig
 
-from app.data.batch import Batch
+from app.bench.memory import peak_rss_mb
+from app.bench.runs import StepClock, bench_config
+from app.bench.timing import REPO_ROOT
 from app.data.synthetic import write_synthetic_corpus
-from app.training.benchmark import bench_config as bounded_train_config
 from app.training.task import build_fit
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASE = REPO_ROOT / "../shared/data/multi30k"
 
 
-def peak_rss_mb() -> int:
-    """This process's peak resident set size so far, in MiB (Linux reports KiB)."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-
-
-def anon_rss_mb() -> int | None:
-    """This process's anonymous resident memory now, in MiB: RSS without the file-backed pages of
-    memory-mapped Arrow files, which the page cache shares between processes and can evict. None
-    where ``/proc/self/status`` has no ``RssAnon`` (not Linux)."""
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("RssAnon:"):
-            return round(int(line.split()[1]) / 1024)
-    return None
-
-
-def bench_config(
+def synthetic_config(
     corpus_dir: Path, cache_dir: Path, out_dir: Path, steps: int, overrides: list[str], base: Path
 ) -> DictConfig:
     """``train.py``'s config on the synthetic corpus, ``steps`` steps, no validation, no files written
@@ -77,39 +56,7 @@ def bench_config(
         f"data.files.test.tgt={base / 'test_2016_flickr.en.gz'}",
         f"data.cache_dir={cache_dir}",
     ]
-    return bounded_train_config([*files, *overrides, "trainer.max_epochs=null"], steps, out_dir)
-
-
-class StepClock(pl.Callback):
-    """When the first batch arrived, the end time and real token count of every training step, and the
-    largest anonymous RSS seen at a step's end."""
-
-    def __init__(self) -> None:
-        self.first_batch: float | None = None
-        self.ends: list[float] = []
-        self.tokens: list[int] = []
-        self.peak_anon_mb: int | None = None
-
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Batch, idx: int
-    ) -> None:
-        if self.first_batch is None:
-            self.first_batch = time.perf_counter()
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Batch, idx: int
-    ) -> None:
-        self.ends.append(time.perf_counter())
-        self.tokens.append(batch.num_tokens)
-        anon = anon_rss_mb()
-        if anon is not None:
-            self.peak_anon_mb = max(anon, self.peak_anon_mb or 0)
-
-    def tokens_per_s(self, warmup: int) -> float:
-        """Tokens per second of the steps after the first ``warmup`` ones."""
-        if len(self.ends) <= warmup + 1:
-            raise RuntimeError(f"only {len(self.ends)} steps ran; need more than {warmup + 1}")
-        return sum(self.tokens[warmup + 1 :]) / (self.ends[-1] - self.ends[warmup])
+    return bench_config([*files, *overrides, "trainer.max_epochs=null"], steps, out_dir)
 
 
 def prepare_phase(cfg: DictConfig) -> dict[str, Any]:
@@ -151,7 +98,7 @@ def train_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
     """Start from the warm cache and train ``steps`` steps; start-up time, throughput and memory."""
     started = time.perf_counter()
     run = build_fit(cfg)
-    clock = StepClock()
+    clock = StepClock(flops=False, anon_rss=True)
     run.trainer.callbacks.append(clock)
     run.trainer.fit(run.module, datamodule=run.datamodule)
     if not run.trainer.is_global_zero:
@@ -181,7 +128,7 @@ def run_phase(phase: str, args: argparse.Namespace, overrides: list[str]) -> dic
     command = [
         sys.executable,
         "-m",
-        "app.data.bench",
+        "app.bench.data",
         "--phase",
         phase,
         "--pairs",
@@ -201,6 +148,7 @@ def run_phase(phase: str, args: argparse.Namespace, overrides: list[str]) -> dic
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The options, and the rest as train.py overrides."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -222,11 +170,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Grow the corpus, then run each phase in its own process and print their figures as one object
+    (inside a phase process, ``--phase``: run that phase and print its JSON line)."""
     args, overrides = parse_args(argv)
     work = args.work_dir.resolve()
     corpus_dir, cache_dir = work / f"synthetic-{args.pairs}", work / f"cache-{args.pairs}"
     if args.phase:  # inside a phase process
-        cfg = bench_config(corpus_dir, cache_dir, work / "run", args.steps, overrides, args.base)
+        cfg = synthetic_config(corpus_dir, cache_dir, work / "run", args.steps, overrides, args.base)
         result = PHASES[args.phase](cfg, args.steps)
         if result:
             print(json.dumps(result))

@@ -5,12 +5,24 @@ and int8 (exported to a temporary directory). Every measured *case* is (engine, 
 batch 1 measures latency (one call per sentence, ms/sentence), a larger batch measures throughput
 (sentences/s and target subwords/s). Rounds visit every case in turn, the engine order rotating each
 round so no engine always runs first (or on a warmer cache); the report keeps each case's median.
+
+    python scripts/bench_engines.py runs/x/checkpoints/best.ckpt --json docs/bench/decoding.json
+    python scripts/bench_engines.py CKPT --limit 200 --rounds 1                  # a quick smoke run
+    python scripts/bench_engines.py CKPT --engines torch-fp32 ct2-int8 --threads 4 --beams 5
+
+Defaults: test_2016_flickr de->en from Multi30k (``MULTI30K_DIR`` or ../shared/data/multi30k),
+threads 1 and 2, batch 1 (latency) and 64 (throughput), greedy and beam 5, 3 rounds, medians.
+
+``scripts/bench_engines.py`` is the command line; docs/bench/decoding.md has the results.
 """
 
 from __future__ import annotations
 
-import gzip
+import argparse
+import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,10 +33,15 @@ from typing import Any
 
 import torch
 
+from app.bench.decoding import read_lines
+from app.bench.timing import REPO_ROOT
+from app.checkpoint import CheckpointError
 from app.data.tokenizer import Tokenizer
-from app.inference.engines import CT2Engine, Engine, TorchEngine, Translation, Truncated
+from app.export.ct2 import export_ct2
+from app.hardware import cpu_has_fast_bf16, cpu_model
+from app.inference.engine import Engine, SearchSettings, Translation, Truncated
+from app.inference.engines import CT2Engine, open_engine
 from app.inference.metrics import corpus_scores
-from app.inference.translator import SearchSettings, load_translator
 
 ENGINE_KINDS = ("torch-fp32", "torch-bf16", "ct2-fp32", "ct2-int8")
 CT2_QUANTIZATION = {"ct2-fp32": "float32", "ct2-int8": "int8"}
@@ -34,10 +51,16 @@ class AutocastEngine(Engine):
     """A torch engine run under bfloat16 autocast: matrix products in bf16, softmax, norms and the
     search's log-probabilities stay float32 (``model.to(bfloat16)`` would round those too)."""
 
-    def __init__(self, inner: TorchEngine) -> None:
+    def __init__(self, inner: Engine) -> None:
         self.inner = inner
         self.name = "torch-bf16"
+        self.source = inner.source
         self.max_source_tokens = inner.max_source_tokens
+        self.tgt_tokenizer = inner.tgt_tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
 
     def translate_nbest(
         self,
@@ -47,7 +70,7 @@ class AutocastEngine(Engine):
         *,
         details: bool = False,
     ) -> list[list[Translation]]:
-        device = self.inner.translator.device.type
+        device = self.inner.device.type
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
             return self.inner.translate_nbest(sentences, settings, on_truncate, details=details)
 
@@ -81,14 +104,6 @@ class Measurement:
         return row
 
 
-def read_lines(path: str | Path, limit: int | None = None) -> list[str]:
-    """Lines of a plain or gzipped UTF-8 file, the first ``limit`` only if given."""
-    path = Path(path)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    lines = raw.decode("utf-8").splitlines()
-    return lines[:limit] if limit else lines
-
-
 @contextmanager
 def open_engines(
     checkpoint: str | Path, kinds: list[str], threads: list[int]
@@ -101,10 +116,7 @@ def open_engines(
     unknown = sorted(set(kinds) - set(ENGINE_KINDS))
     if unknown:
         raise ValueError(f"unknown engine {', '.join(unknown)}; choose from {', '.join(ENGINE_KINDS)}")
-    from app.export.ct2 import export_ct2
-
-    translator, _ = load_translator(checkpoint)
-    torch_engine = TorchEngine(translator)
+    torch_engine = open_engine(checkpoint, engine="torch")
     engines: dict[tuple[str, int], Engine] = {}
     with tempfile.TemporaryDirectory(prefix="bench_decoding_") as tmp:
         for kind in kinds:
@@ -117,7 +129,7 @@ def open_engines(
                     engines[kind, count] = AutocastEngine(torch_engine)
                 else:
                     engines[kind, count] = CT2Engine(exported, threads=count)
-        yield engines, translator.tgt_tokenizer
+        yield engines, torch_engine.tgt_tokenizer
 
 
 def run_case(engine: Engine, case: Case, sentences: list[str], beam_alpha: float) -> tuple[float, list[str]]:
@@ -216,7 +228,7 @@ def summarize(
     return {"sentences": len(sources), "rows": rows, "ct2_fp32_greedy_equals_torch_percent": agreement}
 
 
-def markdown_table(result: dict[str, Any]) -> str:
+def speed_table(result: dict[str, Any]) -> str:
     """One line per (engine, threads, beam): batch-1 latency beside full-batch throughput, and BLEU."""
     merged: dict[tuple[str, int, int], dict[str, Any]] = {}
     for row in result["rows"]:
@@ -236,3 +248,53 @@ def markdown_table(result: dict[str, Any]) -> str:
     if agreement is not None:
         lines.append(f"\nCT2 float32 greedy == torch float32 greedy on {agreement}% of lines.")
     return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: a checkpoint, the sentences, and the engines and settings to compare."""
+    data_dir = REPO_ROOT / os.environ.get("MULTI30K_DIR", "../shared/data/multi30k")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a .ckpt written by train.py (Transformer, pre-norm for CT2)")
+    parser.add_argument("--source", type=Path, default=data_dir / "test_2016_flickr.de.gz")
+    parser.add_argument("--reference", type=Path, default=data_dir / "test_2016_flickr.en.gz")
+    parser.add_argument("--engines", nargs="+", default=list(ENGINE_KINDS), choices=ENGINE_KINDS)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="1 = latency")
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 5], help="1 = greedy")
+    parser.add_argument("--rounds", type=int, default=3, help="medians over this many rounds")
+    parser.add_argument("--limit", type=int, help="only the first N sentences")
+    parser.add_argument("--latency-lines", type=int, help="only the first N sentences for batch 1")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure every case, print the Markdown table, and write the whole result with ``--json``."""
+    args = parse_args(argv)
+    try:
+        config = BenchmarkConfig(
+            engines=args.engines,
+            threads=args.threads,
+            batches=args.batches,
+            beams=args.beams,
+            rounds=args.rounds,
+            latency_lines=args.latency_lines,
+        )
+        sources = read_lines(args.source, args.limit)
+        references = read_lines(args.reference, args.limit) if args.reference.is_file() else None
+        result = benchmark(args.checkpoint, sources, references, config)
+    except (CheckpointError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    result |= {
+        "checkpoint": str(args.checkpoint),
+        "source": str(args.source),
+        "cpu": cpu_model(),
+        "cpu_has_fast_bf16": cpu_has_fast_bf16(),
+        "config": vars(config),
+    }
+    print(speed_table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0

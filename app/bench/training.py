@@ -15,8 +15,11 @@ counted from the model's shapes on the real lengths of every batch (``app/models
 forward pass, dense attention, padding excluded; doubled under R-Drop, which runs the model twice over
 each batch while its tokens count once). The peak is the best of a bf16 and an fp32 matrix product
 timed on the training device right before and after training (on a CPU 2048 x 2048 on the same
-threads, on a GPU 8192 x 8192; ``app.hardware.matmul_peak_tflops``). ``mfu`` divides by the peak of
-the precision trained in (bf16 for bf16-mixed, else fp32); ``mfu_bf16`` always by the bf16 peak. Prints a
+threads, on a GPU 8192 x 8192, ``--peak-size`` to change it; ``app.hardware.matmul_peak_tflops``).
+``mfu`` divides by the peak of the precision trained in (bf16 for bf16-mixed, else fp32); ``mfu_bf16``
+always by the bf16 peak. Where the device has no fast bf16 path (a CPU without AVX512-BF16, AMX or Arm
+BF16, where one emulated 2048 product takes seconds) the bf16 peak is not measured: ``peak_bf16_tflops``
+and ``mfu_bf16`` are null and the summary says ``n/a: no fast bf16 on this CPU``. Prints a
 summary, or with ``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).
 ``--table FILE...`` prints earlier ``--out`` files as one Markdown table instead of measuring.
 ``--profile N`` records N more steps with ``torch.profiler`` and prints its operator table (stderr).
@@ -26,49 +29,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from app.data.batch import Batch
+from app.bench.memory import peak_rss_mb
+from app.bench.runs import StepClock, bench_config
+from app.bench.timing import window_rates
 from app.hardware import cpu_description, matmul_peak_tflops
-from app.models.flops import batch_lengths, supports_flop_count, transformer_training_flops
-from app.training.distributed import register_resolvers
 from app.training.task import build_fit
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILE_ROWS = 25  # operators listed by --profile, by their own (self) CPU time
-
-
-class StepClock(pl.Callback):
-    """Time, real / padded token counts and model FLOPs of every training step, after the optimizer step."""
-
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-        self.tokens: list[int] = []
-        self.padded: list[int] = []
-        self.flops: list[int] = []
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Batch, batch_idx: int
-    ) -> None:
-        self.ends.append(time.perf_counter())
-        self.tokens.append(batch.num_tokens)
-        self.padded.append(batch.src.numel() + batch.tgt_out.numel())
-        model = pl_module.model
-        if supports_flop_count(model):
-            lengths = batch_lengths(batch.src, batch.tgt_out, batch.pad_id)
-            passes = pl_module.passes_per_batch  # R-Drop runs the model twice over each batch
-            self.flops.append(passes * transformer_training_flops(model, *lengths))
+NO_PEAK = "n/a: no fast bf16 on this CPU"  # what the summary says for a bf16 peak that was not measured
 
 
 class StepProfile(pl.Callback):
@@ -96,60 +74,59 @@ class StepProfile(pl.Callback):
             self.profiler = None
 
 
-def window_rates(counts: list[int], ends: list[float], warmup: int, windows: int, size: int) -> list[float]:
-    """``counts`` (tokens, FLOPs) per second of each window of ``size`` steps after ``warmup`` steps."""
-    rates = []
-    for w in range(windows):
-        start = warmup + w * size  # the window's steps are start+1 .. start+size; timed from step start
-        total = sum(counts[start + 1 : start + size + 1])
-        rates.append(total / (ends[start + size] - ends[start]))
-    return rates
-
-
-def peak_tflops(device: torch.device) -> dict[str, float]:
-    """bf16 and fp32 matrix-product TFLOP/s on the training device (a CPU: its current threads)."""
+def peak_tflops(device: torch.device, size: int | None = None) -> dict[str, float | None]:
+    """bf16 and fp32 matrix-product TFLOP/s on the training device (a CPU: its current threads); None
+    for bf16 where the device has no fast bf16 path (``matmul_peak_tflops`` then runs no product)."""
     return {
-        "bf16": matmul_peak_tflops(torch.bfloat16, device=device),
-        "fp32": matmul_peak_tflops(torch.float32, device=device),
+        "bf16": matmul_peak_tflops(torch.bfloat16, size=size, device=device),
+        "fp32": matmul_peak_tflops(torch.float32, size=size, device=device),
     }
 
 
-def utilisation(clock: StepClock, precision: str, peaks: dict[str, float], *window: int) -> dict[str, Any]:
-    """Model TFLOP/s (median window) and MFU against the peak of the training precision and bf16's."""
-    if len(clock.flops) != len(clock.ends):  # e.g. an RNN: no FLOP count, no MFU
+def best_peaks(*measured: dict[str, float | None]) -> dict[str, float | None]:
+    """The best of several measurements of each dtype's peak (None where it was never measured)."""
+    best: dict[str, float | None] = {}
+    for dtype in measured[0]:
+        values = [peaks[dtype] for peaks in measured if peaks[dtype] is not None]
+        best[dtype] = max(values) if values else None
+    return best
+
+
+def ratio(value: float, peak: float | None) -> float | None:
+    """``value / peak`` to four decimals, or None without a peak."""
+    return None if peak is None else round(value / peak, 4)
+
+
+def utilisation(
+    clock: StepClock, precision: str, peaks: dict[str, float | None], *window: int
+) -> dict[str, Any]:
+    """Model TFLOP/s (median window) and MFU against the peak of the training precision and bf16's
+    (None where the model's FLOPs cannot be counted, e.g. an RNN, or the peak was not measured)."""
+    if not clock.flops or len(clock.flops) != len(clock.ends):
         return {"model_tflops": None, "mfu": None, "mfu_bf16": None}
     model_tflops = statistics.median(window_rates(clock.flops, clock.ends, *window)) / 1e12
     peak = peaks["bf16"] if "bf16" in precision else peaks["fp32"]
     return {
         "model_tflops": round(model_tflops, 4),
-        "mfu": round(model_tflops / peak, 4),
-        "mfu_bf16": round(model_tflops / peaks["bf16"], 4),
+        "mfu": ratio(model_tflops, peak),
+        "mfu_bf16": ratio(model_tflops, peaks["bf16"]),
     }
 
 
-def bench_config(overrides: list[str], steps: int, out_dir: Path) -> DictConfig:
-    """The train config with the overrides, bounded to ``steps`` steps with no validation and no files."""
-    register_resolvers()
-    fixed = [
-        f"trainer.max_steps={steps}",
-        "trainer.max_time=null",
-        "trainer.limit_val_batches=0",
-        "trainer.enable_progress_bar=false",
-        "trainer.enable_model_summary=false",
-        "checkpoint.every_n_steps=null",
-        "early_stopping.patience=0",
-        "logger.kind=null",
-        f"output_dir={out_dir}",
-    ]
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        return compose("train", overrides=[*overrides, *fixed])
-
-
-def measure(overrides: list[str], warmup: int, windows: int, size: int, profile: int = 0) -> dict[str, Any]:
+def measure(
+    overrides: list[str],
+    warmup: int,
+    windows: int,
+    size: int,
+    profile: int = 0,
+    *,
+    peak_size: int | None = None,
+) -> dict[str, Any]:
     """Train the configured model for warmup + windows x size steps; throughput and memory figures.
 
     With ``profile`` > 0, ``torch.profiler`` also records that many steps after the timed windows
-    (so it slows none of them); its operator table is returned under ``profile``.
+    (so it slows none of them); its operator table is returned under ``profile``. ``peak_size`` is the
+    side of the peak's matrix product (default: ``matmul_peak_tflops``'s, 2048 on a CPU).
     """
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         timed = warmup + windows * size + 1
@@ -163,10 +140,10 @@ def measure(overrides: list[str], warmup: int, windows: int, size: int, profile:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         device = run.trainer.strategy.root_device  # the peak is measured where the model trains
-        before = peak_tflops(device)
+        before = peak_tflops(device, peak_size)
         run.trainer.fit(run.module, datamodule=run.datamodule)
-        after = peak_tflops(device)
-    peaks = {dtype: max(before[dtype], after[dtype]) for dtype in before}
+        after = peak_tflops(device, peak_size)
+    peaks = best_peaks(before, after)
     rates = window_rates(clock.tokens, clock.ends, warmup, windows, size)
     precision = str(run.trainer.precision)
     return {
@@ -181,10 +158,9 @@ def measure(overrides: list[str], warmup: int, windows: int, size: int, profile:
         "tokens_per_s": round(statistics.median(rates)),
         "tokens_per_s_windows": [round(r) for r in rates],
         **utilisation(clock, precision, peaks, warmup, windows, size),
-        "peak_bf16_tflops": round(peaks["bf16"], 4),
-        "peak_fp32_tflops": round(peaks["fp32"], 4),
+        **{f"peak_{dtype}_tflops": None if peak is None else round(peak, 4) for dtype, peak in peaks.items()},
         "real_token_fraction": round(sum(clock.tokens) / sum(clock.padded), 3),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_rss_mb": peak_rss_mb(),
         "peak_cuda_mb": round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else 0,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         **cpu_description(),
@@ -195,9 +171,12 @@ def measure(overrides: list[str], warmup: int, windows: int, size: int, profile:
 def summary(result: dict[str, Any]) -> str:
     """The headline figures in one line for a person."""
     mfu = "n/a" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"
+    bf16 = result["peak_bf16_tflops"]
+    if bf16 is None:
+        bf16 = NO_PEAK if result.get("device", "cpu") == "cpu" else "n/a: no fast bf16 on this GPU"
     return (
         f"{result['tokens_per_s']:,} tokens/s, {result['model_tflops']} model TFLOP/s, MFU {mfu} "
-        f"(peaks bf16 {result['peak_bf16_tflops']} / fp32 {result['peak_fp32_tflops']} TFLOP/s, "
+        f"(peaks bf16 {bf16} / fp32 {result['peak_fp32_tflops']} TFLOP/s, "
         f"{result['threads']} threads, {result['cpu_model']}), peak RSS {result['peak_rss_mb']} MB"
     )
 
@@ -233,7 +212,8 @@ def results_table(paths: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: train.py overrides anywhere among the options."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -257,13 +237,35 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSONL",
         help="print earlier results (--out files) as a Markdown table instead of measuring",
     )
+    parser.add_argument(
+        "--peak-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="side of the matrix product timed for the peak (default: 2048 on a CPU, 8192 on a GPU)",
+    )
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
+    if min(args.windows, args.window_steps) < 1 or args.warmup_steps < 0:
+        parser.error("--windows and --window-steps must be >= 1, --warmup-steps >= 0")
+    if args.peak_size is not None and args.peak_size < 1:
+        parser.error(f"--peak-size must be >= 1, got {args.peak_size}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure one configuration and print it (or print earlier results as a table with ``--table``)."""
+    args = parse_args(argv)
     if args.table:
         print(results_table(args.table))
         return 0
-    if min(args.windows, args.window_steps) < 1 or args.warmup_steps < 0:
-        parser.error("--windows and --window-steps must be >= 1, --warmup-steps >= 0")
-    result = measure(args.overrides, args.warmup_steps, args.windows, args.window_steps, args.profile)
+    result = measure(
+        args.overrides,
+        args.warmup_steps,
+        args.windows,
+        args.window_steps,
+        args.profile,
+        peak_size=args.peak_size,
+    )
     table = result.pop("profile", "")
     line = json.dumps(result)
     print(line if args.json else summary(result))
