@@ -175,7 +175,7 @@ def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
             max_queued=limits.max_queued,
         )
         batcher.start()
-        state["batcher"] = batcher
+        state["batcher"] = app.state.batcher = batcher
         yield
         await batcher.stop(grace_s=limits.request_timeout_s)
 
