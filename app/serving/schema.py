@@ -9,9 +9,9 @@ the OpenAPI schema (``/openapi.json``, ``/docs``), so a generated client knows e
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.decoding import Sampling
 from app.inference.translator import SearchSettings
@@ -24,23 +24,34 @@ MAX_SEED = 2**32 - 1  # CTranslate2's seed is an unsigned 32-bit int
 SAMPLE_PATTERN = r"^(topk:[0-9]{1,6}|topp:[0-9.]{1,12})$"
 
 
+def integral(value: Any) -> Any:
+    """``5.0`` as ``5``: JSON (and JSON Schema's ``integer``) does not tell them apart; ``5.5`` and
+    ``"5"`` stay errors under strict validation."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(integral)]
+
+
 class TranslateRequest(BaseModel):
     """``{"sentences": [...], "beam": 5, ...}``; every option has the ``translate.py`` default."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     sentences: list[str] = Field(min_length=1, description="source sentences, 1 to --max-sentences")
-    beam: int = Field(5, ge=1, le=MAX_BEAM, description="1 = greedy search")
-    nbest: int = Field(1, ge=1, le=MAX_NBEST, description="hypotheses per sentence (<= beam unless sampling)")
+    beam: Int = Field(5, ge=1, le=MAX_BEAM, description="1 = greedy search")
+    nbest: Int = Field(1, ge=1, le=MAX_NBEST, description="hypotheses per sentence (<= beam unless sampling)")
     length_penalty: float = Field(0.6, ge=0.0, le=5.0, description="GNMT length penalty exponent")
-    max_len: int = Field(256, ge=1, le=MAX_OUTPUT_TOKENS, description="cap on output subwords")
+    max_len: Int = Field(256, ge=1, le=MAX_OUTPUT_TOKENS, description="cap on output subwords")
     sample: str | None = Field(
         None, pattern=SAMPLE_PATTERN, description="topk:K or topp:P: sample instead of searching"
     )
     temperature: float = Field(
         1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, description="sampling temperature"
     )
-    seed: int = Field(0, ge=0, le=MAX_SEED, description="sampling seed")
+    seed: Int = Field(0, ge=0, le=MAX_SEED, description="sampling seed")
 
     @property
     def wants_scores(self) -> bool:
