@@ -1,11 +1,11 @@
 """A bounded load test on loopback: many concurrent clients, valid and hostile, against one real server.
 
-Valid clients send 1-4 sentences at beam 1 or 2; hostile ones send malformed JSON, oversized bodies
-(declared or streamed), 64 samples of four sentences (over the work limit), a body not declared JSON, a body dribbled in slowly, or a request they
-abandon at once. Every valid answer must equal each sentence translated alone by the engine (merging
-into shared batches changes nothing), no answer may be a 5xx, /health must stay 200 with the queue
-within its bound, and the process's memory must stay bounded. Counts and time are bounded: a few
-seconds on two busy cores.
+Valid clients send 1-4 sentences at beam 1 or 2. Hostile ones send malformed JSON, oversized bodies
+(declared or streamed), 64 samples of four sentences (over the work limit), a body not declared
+JSON, a body dribbled in slowly, or a request they abandon at once. Every valid answer must equal
+each sentence translated alone by the engine (merging into shared batches changes nothing), no
+answer may be a 5xx, /health must stay 200 with the queue within its bound, and the process's memory
+must stay bounded. Counts and time are bounded: a few seconds on two busy cores.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ RSS_GROWTH_MB = 150  # allowed growth of the process's resident memory under the
 LIMITS = ServerLimits(
     max_request_bytes=4096, max_sentences=6, max_request_tokens=1024, max_wait_ms=10.0, batch_size=8
 )
-KINDS = ["valid"] * 6 + ["malformed", "oversized", "declared-oversized", "costly", "not-json", "slow", "vanishing"]
+HOSTILE = ["malformed", "oversized", "declared-oversized", "costly", "not-json", "slow", "vanishing"]
+KINDS = ["valid"] * 6 + HOSTILE
 Expected = dict[tuple[str, int], str]
 
 
