@@ -44,7 +44,9 @@ def hold_first_batch(url: str, engine: ScriptedEngine, pool: ThreadPoolExecutor)
     return first
 
 
-def test_an_abandoned_request_never_reaches_the_engine(engine: ScriptedEngine, pool: ThreadPoolExecutor) -> None:
+def test_an_abandoned_request_never_reaches_the_engine(
+    engine: ScriptedEngine, pool: ThreadPoolExecutor
+) -> None:
     with running_server(create_app(engine, ServerLimits(**FAST))) as (url, _):
         first = hold_first_batch(url, engine, pool)
         host, port = url.removeprefix("http://").split(":")
@@ -56,16 +58,22 @@ def test_an_abandoned_request_never_reaches_the_engine(engine: ScriptedEngine, p
         wait_until(lambda: health(url).json()["queued"] == 0, timeout=5)  # the hang-up is noticed
         engine.gate.set()
         assert first.result(TIMEOUT).status_code == 200
-        assert post_translate(url, {"sentences": ["danach"], "beam": 1}).json() == {"translations": ["hcanad"]}
+        after = post_translate(url, {"sentences": ["danach"], "beam": 1})
+        assert after.json() == {"translations": ["hcanad"]}
         assert not engine.seen("ABANDONED")
 
 
 def test_a_failing_request_fails_alone_when_merged(engine: ScriptedEngine, pool: ThreadPoolExecutor) -> None:
-    with running_server(create_app(engine, ServerLimits(max_wait_ms=300.0))) as (url, _):
+    with running_server(create_app(engine, ServerLimits(**FAST))) as (url, _):
+        first = hold_first_batch(url, engine, pool)  # the next four queue up and are merged
         bodies = [{"sentences": [f"gut {i}", "auch gut"], "beam": 1} for i in range(3)]
         bodies.insert(1, {"sentences": ["a POISON sentence"], "beam": 1})
-        responses = [f.result(TIMEOUT) for f in [pool.submit(post_translate, url, b) for b in bodies]]
-    assert len(engine.calls[0]) == 7  # all four were merged into the first engine call, which failed
+        futures = [pool.submit(post_translate, url, b) for b in bodies]
+        assert wait_until(lambda: health(url).json()["queued"] == 4)
+        engine.gate.set()
+        responses = [f.result(TIMEOUT) for f in futures]
+        assert first.result(TIMEOUT).status_code == 200
+    assert len(engine.calls[1]) == 7  # all four were merged into one engine call, which failed
     assert [r.status_code for r in responses] == [200, 500, 200, 200]
     assert responses[0].json() == {"translations": ["0 tug", "tug hcua"]}
     assert responses[1].headers["content-type"] == "application/json"
