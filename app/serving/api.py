@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from app.inference.engines import Engine, Translation
+from app.inference.translator import SearchSettings
 from app.serving.batcher import Batcher, Unavailable, token_cost
 from app.serving.guard import BodyGuard
 from app.serving.schema import ErrorBody, Health, Hypothesis, TranslateRequest, TranslateResponse
@@ -58,6 +59,14 @@ class ServerLimits:
 
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
+
+
+class Refused(Exception):
+    """A request the server will not run: answered with ``status`` and the message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def error(status: int, message: str, detail: Any = None, retry_after: int | None = None) -> JSONResponse:
@@ -112,20 +121,20 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def check_request(request: TranslateRequest, limits: ServerLimits) -> Any:
-    """The search settings asked for, or the error response that refuses them."""
+def check_request(request: TranslateRequest, limits: ServerLimits) -> SearchSettings:
+    """The search settings asked for; :class:`Refused` (400, 413) names what is wrong."""
     if len(request.sentences) > limits.max_sentences:
-        return error(
+        raise Refused(
             413, f"{len(request.sentences)} sentences is over the limit of {limits.max_sentences} per request"
         )
     try:
         settings = request.settings(limits.batch_size)
     except ValueError as err:
-        return error(400, str(err))
+        raise Refused(400, str(err)) from None
     cost = token_cost(request.sentences, settings)
     if cost > limits.max_request_tokens:
         rows = f"nbest={request.nbest}" if request.sample else f"beam={request.beam}"
-        return error(
+        raise Refused(
             413,
             f"the request costs {cost} (tokens + 1 per sentence, times {rows}), "
             f"over the limit of {limits.max_request_tokens}: send fewer sentences or hypotheses",
@@ -192,11 +201,11 @@ def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
     @app.post("/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES)
     async def translate(body: TranslateRequest, http_request: Request) -> Any:
         """Translate ``sentences``; concurrent requests with the same options share engine calls."""
-        settings = check_request(body, limits)
-        if isinstance(settings, Response):
-            return settings
-        batcher = state["batcher"]
-        work = batcher.translate(body.sentences, settings, limits.request_timeout_s)
+        try:
+            settings = check_request(body, limits)
+        except Refused as err:
+            return error(err.status, str(err))
+        work = state["batcher"].translate(body.sentences, settings, limits.request_timeout_s)
         try:
             results = await unless_disconnected(http_request, work)
         except Unavailable as err:
