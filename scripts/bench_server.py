@@ -145,6 +145,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sentences = read_lines(args.source)
+    load_before = os.getloadavg()[0]  # other work on the machine, which the figures share it with
     port = free_port()
     server = start_server(args, port)
     url = f"http://127.0.0.1:{port}"
@@ -163,11 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         "beam": args.beam,
         "server_threads": args.threads,
         "cpu_count": os.cpu_count(),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # 1-min, before and after
         **cpu_description(),
         "levels": levels,
     }
     print(markdown(result))
-    print(f"CPU: {result['cpu_model']} ({result['cpu_count']} cores; flags {', '.join(result['cpu_flags'])})")
+    flags = ", ".join(result["cpu_flags"])
+    cores, load = result["cpu_count"], result["load_average"]
+    print(f"CPU: {result['cpu_model']} ({cores} cores; flags {flags}); load average {load}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
