@@ -46,7 +46,7 @@ class ServerLimits:
     max_wait_ms: float = 5.0  # how long the first request waits for others to join it
     batch_size: int = 64  # sentences per search batch inside the engine
     max_queued: int = 256  # requests waiting for the worker; more are answered 503
-    request_timeout_s: float = 30.0  # deadline from arrival to answer (also for receiving the body)
+    request_timeout_s: float = 30.0  # deadline for receiving the body, and again for queue + decoding
     stuck_after_s: float = 60.0  # /health answers 503 when a request waited or a batch ran longer
 
     def __post_init__(self) -> None:

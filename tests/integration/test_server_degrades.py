@@ -156,3 +156,22 @@ def test_shutdown_answers_the_request_in_flight(engine: ScriptedEngine, pool: Th
         response = first.result(TIMEOUT)
     assert response.status_code == 200
     assert response.json() == {"translations": ["egarfnA etsre"]}
+
+
+def test_a_body_sent_too_slowly_is_408(engine: ScriptedEngine) -> None:
+    with running_server(create_app(engine, ServerLimits(request_timeout_s=0.5, **FAST))) as (url, _):
+        host, port = url.removeprefix("http://").split(":")
+        head = (
+            f"POST /translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n"
+        )
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as conn:
+            conn.sendall(head.encode() + b'{"sentences": ')  # and then nothing more
+            answer = b""
+            while b"}" not in answer:  # the status line, the headers and the JSON error
+                chunk = conn.recv(4096)
+                assert chunk, f"connection closed before the whole answer: {answer!r}"
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b"not received within 0.5 s" in answer
+        assert post_translate(url, {"sentences": ["ok"], "beam": 1}).status_code == 200
