@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from app.decoding import Sampling
 from app.inference.translator import SearchSettings
@@ -52,6 +52,19 @@ class TranslateRequest(BaseModel):
         1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, description="sampling temperature"
     )
     seed: Int = Field(0, ge=0, le=MAX_SEED, description="sampling seed")
+
+    @field_validator("sentences")
+    @classmethod
+    def valid_unicode(cls, sentences: list[str]) -> list[str]:
+        """JSON can escape a lone surrogate (``"\\ud800"``), which is no character: the tokenizer fails."""
+        for index, sentence in enumerate(sentences):
+            try:
+                sentence.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(
+                    f"sentence {index} is not valid Unicode ({err.reason} at {err.start})"
+                ) from None
+        return sentences
 
     @property
     def wants_scores(self) -> bool:

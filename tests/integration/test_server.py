@@ -133,6 +133,7 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_answers(url: str, 
         pytest.param({"sentences": ["a"], "sample": "topk:5", "seed": 10**29}, 422, "seed", id="seed-huge"),
         pytest.param({"sentences": ["a"], "sample": "topk:5", "seed": -1}, 422, "seed", id="seed-negative"),
         pytest.param(b"null", 422, "(body)", id="null-body"),
+        pytest.param(b'{"sentences": ["ok", "\\ud800 x"]}', 422, "sentence 1 is not", id="lone-surrogate"),
     ],
 )
 def test_bad_input_is_a_clear_4xx_and_the_server_keeps_serving(
