@@ -2,7 +2,7 @@
 
 python scripts/serve.py runs/x/checkpoints/best.ckpt --port 8080
 python scripts/serve.py exports/x_ct2 --threads 4 --max-batch-tokens 8192
-curl -s localhost:8080/translate -d '{"sentences": ["Ein Hund läuft."], "beam": 5}'
+curl -s localhost:8080/translate --json '{"sentences": ["Ein Hund läuft."], "beam": 5}'
 """
 
 from __future__ import annotations
@@ -33,9 +33,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-batch-tokens", type=int, default=defaults.max_batch_tokens, help="merged per engine call"
     )
+    parser.add_argument(
+        "--max-request-tokens", type=int, default=defaults.max_request_tokens, help="work per request"
+    )
     parser.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms, help="wait for company")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sentences per search")
+    parser.add_argument("--max-queued", type=int, default=defaults.max_queued, help="then 503")
+    parser.add_argument(
+        "--request-timeout", type=float, default=defaults.request_timeout_s, help="seconds per request"
+    )
+    parser.add_argument(
+        "--stuck-after", type=float, default=defaults.stuck_after_s, help="/health 503 after (seconds)"
+    )
     return parser.parse_args(argv)
+
+
+def limits_from(args: argparse.Namespace) -> ServerLimits:
+    """The server's limits from the command line (ValueError names a bad one)."""
+    return ServerLimits(
+        max_request_bytes=args.max_request_bytes,
+        max_sentences=args.max_sentences,
+        max_request_tokens=args.max_request_tokens,
+        max_batch_tokens=args.max_batch_tokens,
+        max_wait_ms=args.max_wait_ms,
+        batch_size=args.batch_size,
+        max_queued=args.max_queued,
+        request_timeout_s=args.request_timeout,
+        stuck_after_s=args.stuck_after,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,18 +68,18 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     try:
-        limits = ServerLimits(
-            max_request_bytes=args.max_request_bytes,
-            max_sentences=args.max_sentences,
-            max_batch_tokens=args.max_batch_tokens,
-            max_wait_ms=args.max_wait_ms,
-            batch_size=args.batch_size,
-        )
+        limits = limits_from(args)
         engine = open_engine(args.model, engine=args.engine, threads=args.threads, ensemble=args.ensemble)
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(engine, limits), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(
+        create_app(engine, limits),
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        timeout_graceful_shutdown=int(limits.request_timeout_s) + 1,  # in-flight requests are answered
+    )
     return 0
 
 

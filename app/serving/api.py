@@ -1,93 +1,173 @@
 """The HTTP app: ``POST /translate`` and ``GET /health`` around one engine and its batcher.
 
-The body is read by hand, not by FastAPI's parameter binding, so that the size limit holds before any
-JSON is parsed (also for chunked uploads without Content-Length) and every bad input gets one clear
-4xx: 413 too large, 422 not the schema (the field is named), 400 a bad combination of options.
+FastAPI binds the body to :class:`~app.serving.schema.TranslateRequest` (so ``/openapi.json`` and
+``/docs`` describe it); :class:`~app.serving.guard.BodyGuard` vets the body before that (JSON only, size
+limit). Every answer that is not a translation has one JSON shape, ``{"error", "detail"?,
+"retry_after"?}``: 400 a bad combination of options, 408 a body sent too slowly, 413 too large (bytes,
+sentences or work), 415 not JSON, 422 not the schema (the field named), 503 busy or past the deadline
+(with ``Retry-After``), 500 an unexpected failure. The server goes on after each.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from app.inference.engines import Engine, Translation
-from app.serving.batcher import Batcher
-from app.serving.schema import TranslateRequest
+from app.inference.translator import SearchSettings
+from app.serving.batcher import Batcher, Unavailable, token_cost
+from app.serving.guard import BodyGuard
+from app.serving.schema import ErrorBody, Health, Hypothesis, TranslateRequest, TranslateResponse
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one request may ask for, and how requests are merged."""
+    """What one request may ask for, how requests are merged and queued, and how long they may take.
+
+    Work is counted as (whitespace tokens + 1 per sentence) x hypotheses per sentence (``beam`` rows
+    for search, ``nbest`` samples when sampling): see :func:`~app.serving.batcher.token_cost`."""
 
     max_request_bytes: int = 64 * 1024
     max_sentences: int = 256
-    max_batch_tokens: int = 4096  # merged requests per engine call (whitespace tokens, see batcher)
+    max_request_tokens: int = 32768  # work one request may ask for
+    max_batch_tokens: int = 8192  # work merged into one engine call (a larger request runs alone)
     max_wait_ms: float = 5.0  # how long the first request waits for others to join it
     batch_size: int = 64  # sentences per search batch inside the engine
+    max_queued: int = 256  # requests waiting for the worker; more are answered 503
+    request_timeout_s: float = 30.0  # deadline for receiving the body, and again for queue + decoding
+    stuck_after_s: float = 60.0  # /health answers 503 when a request waited or a batch ran longer
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_sentences", "max_batch_tokens", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for item in fields(self):
+            if not getattr(self, item.name) > 0 and item.name != "max_wait_ms":
+                raise ValueError(f"{item.name} must be > 0, got {getattr(self, item.name)}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
 
 
-class RequestError(Exception):
-    """A bad request: answered with ``status`` and ``message``, the server goes on."""
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
 
-    def __init__(self, status: int, message: str, detail: Any = None) -> None:
+
+class Refused(Exception):
+    """A request the server will not run: answered with ``status`` and the message."""
+
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
-        self.status, self.message, self.detail = status, message, detail
-
-    def response(self) -> JSONResponse:
-        body: dict[str, Any] = {"error": self.message}
-        if self.detail is not None:
-            body["detail"] = self.detail
-        return JSONResponse(body, status_code=self.status)
+        self.status = status
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"request body of {declared} bytes is over the limit of {limit}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"request body is over the limit of {limit} bytes")
-    return bytes(body)
+def error(status: int, message: str, detail: Any = None, retry_after: int | None = None) -> JSONResponse:
+    """The one error shape (:class:`~app.serving.schema.ErrorBody`)."""
+    body = ErrorBody(error=message, detail=detail, retry_after=retry_after).model_dump(exclude_none=True)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-def parse_request(body: bytes, limits: ServerLimits) -> TranslateRequest:
-    """The validated request; 400/413/422 for an empty, oversized or malformed one."""
-    if not body.strip():
-        raise RequestError(400, 'empty body; send JSON like {"sentences": ["Ein Satz."]}')
-    try:
-        request = TranslateRequest.model_validate_json(body)
-    except ValidationError as err:
-        detail = [
-            {"field": ".".join(map(str, e["loc"])) or "(body)", "problem": e["msg"]}
-            for e in err.errors(include_url=False, include_input=False)
-        ]
-        raise RequestError(422, "invalid request", detail) from None
-    if len(request.sentences) > limits.max_sentences:
-        raise RequestError(
-            413, f"{len(request.sentences)} sentences is over the limit of {limits.max_sentences} per request"
-        )
-    return request
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": meaning}
+    for status, meaning in {
+        400: "empty body or an inconsistent combination of options (nbest > beam, bad sample spec)",
+        408: "the body was not received within the request timeout",
+        413: "body, sentence count or work (tokens x hypotheses) over the server's limits",
+        415: "Content-Type is not application/json",
+        422: "not the schema: each wrong field named in detail",
+        500: "unexpected failure (the server goes on)",
+        503: "queue full, deadline passed or shutting down; Retry-After says when to retry",
+    }.items()
+}
 
 
-def answer(request: TranslateRequest, results: list[list[Translation]]) -> dict[str, Any]:
+def answer(request: TranslateRequest, results: list[list[Translation]]) -> TranslateResponse:
     """Best translations as strings, or (``nbest`` asked) lists of ``{"text", "score"}``, best first."""
     if not request.wants_scores:
-        return {"translations": [hyps[0].text for hyps in results]}
-    return {"translations": [[{"text": t.text, "score": t.score} for t in hyps] for hyps in results]}
+        return TranslateResponse(translations=[hyps[0].text for hyps in results])
+    return TranslateResponse(
+        translations=[[Hypothesis(text=t.text, score=t.score) for t in hyps] for hyps in results]
+    )
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Return when the client hangs up (the body has been read already, so only that can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """The result of ``work``; if the client hangs up first, ``work`` is cancelled and :class:`ClientGone`."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+def check_request(request: TranslateRequest, limits: ServerLimits) -> SearchSettings:
+    """The search settings asked for; :class:`Refused` (400, 413) names what is wrong."""
+    if len(request.sentences) > limits.max_sentences:
+        raise Refused(
+            413, f"{len(request.sentences)} sentences is over the limit of {limits.max_sentences} per request"
+        )
+    try:
+        settings = request.settings(limits.batch_size)
+    except ValueError as err:
+        raise Refused(400, str(err)) from None
+    cost = token_cost(request.sentences, settings)
+    if cost > limits.max_request_tokens:
+        rows = f"nbest={request.nbest}" if request.sample else f"beam={request.beam}"
+        raise Refused(
+            413,
+            f"the request costs {cost} (tokens + 1 per sentence, times {rows}), "
+            f"over the limit of {limits.max_request_tokens}: send fewer sentences or hypotheses",
+        )
+    return settings
+
+
+def field_name(problem: dict[str, Any]) -> str:
+    """``sentences.1`` for a problem FastAPI locates at ``("body", "sentences", 1)``."""
+    if problem["type"] == "json_invalid":  # located at a character offset, not a field
+        return "(body)"
+    return ".".join(map(str, problem["loc"][1:])) or "(body)"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error FastAPI or Starlette would answer in their own shapes, in ours."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        problems = err.errors()
+        if any(p["type"] == "missing" and tuple(p["loc"]) == ("body",) for p in problems):
+            return error(400, 'empty body; send JSON like {"sentences": ["Ein Satz."]}')
+        detail = [{"field": field_name(p), "problem": p["msg"]} for p in problems]
+        return error(422, "invalid request", detail)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        return error(err.status_code, str(err.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, err: Exception) -> JSONResponse:
+        log.error("unexpected error answering a request", exc_info=err)
+        return error(500, f"internal error ({type(err).__name__}); the server goes on")
 
 
 def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
@@ -97,35 +177,65 @@ def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        batcher = Batcher(engine, max_batch_tokens=limits.max_batch_tokens, max_wait_ms=limits.max_wait_ms)
+        batcher = Batcher(
+            engine,
+            max_batch_tokens=limits.max_batch_tokens,
+            max_wait_ms=limits.max_wait_ms,
+            max_queued=limits.max_queued,
+        )
         batcher.start()
-        state["batcher"] = batcher
+        state["batcher"] = app.state.batcher = batcher
         yield
-        await batcher.stop()
+        await batcher.stop(grace_s=limits.request_timeout_s)
 
     app = FastAPI(title="attn-mt translation", lifespan=lifespan)
+    app.add_middleware(BodyGuard, limit=limits.max_request_bytes, timeout_s=limits.request_timeout_s)
+    install_error_handlers(app)
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        batcher = state["batcher"]
-        return {
-            "status": "ok",
-            "engine": engine.name,
-            "queued": len(batcher.pending),
-            "batches_run": batcher.batches_run,
-        }
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}})
+    async def health() -> JSONResponse:
+        """The worker's state: 503 when it has stopped, is stuck, or the server is shutting down."""
+        report = health_report(state["batcher"], engine.name, limits)
+        return JSONResponse(report.model_dump(), status_code=200 if report.status == "ok" else 503)
 
-    @app.post("/translate")
-    async def translate(http_request: Request) -> JSONResponse:
+    @app.post("/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES)
+    async def translate(body: TranslateRequest, http_request: Request) -> Any:
+        """Translate ``sentences``; concurrent requests with the same options share engine calls."""
         try:
-            request = parse_request(await read_body(http_request, limits.max_request_bytes), limits)
-            try:
-                settings = request.settings(limits.batch_size)
-            except ValueError as err:
-                raise RequestError(400, str(err)) from None
-        except RequestError as err:
-            return err.response()
-        results = await state["batcher"].translate(request.sentences, settings)
-        return JSONResponse(answer(request, results))
+            settings = check_request(body, limits)
+        except Refused as err:
+            return error(err.status, str(err))
+        work = state["batcher"].translate(body.sentences, settings, limits.request_timeout_s)
+        try:
+            results = await unless_disconnected(http_request, work)
+        except Unavailable as err:
+            return error(503, str(err), retry_after=err.retry_after)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it
+        except Exception as err:  # the engine failed on this request alone (see Batcher.run_batch)
+            log.error("translation failed", exc_info=err)
+            return error(500, f"translation failed ({type(err).__name__}: {err}); the server goes on")
+        return answer(body, results)
 
     return app
+
+
+def health_report(batcher: Batcher, engine: str, limits: ServerLimits) -> Health:
+    """Liveness of the worker task and how long the oldest request has waited."""
+    oldest, running = batcher.oldest_queued_s(), batcher.running_s()
+    if not batcher.alive:
+        status = "dead"
+    elif batcher.closing:
+        status = "stopping"
+    elif max(oldest, running) > limits.stuck_after_s:
+        status = "stuck"
+    else:
+        status = "ok"
+    return Health(
+        status=status,
+        engine=engine,
+        queued=sum(not job.result.done() for job in batcher.pending),
+        oldest_queued_s=round(oldest, 3),
+        running_s=round(running, 3),
+        batches_run=batcher.batches_run,
+    )

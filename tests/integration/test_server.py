@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-import uvicorn
 from helpers.models import TINY_TRANSFORMER
+from helpers.server import JSON, TIMEOUT, running_server
 
 from app.inference.engines import Engine, open_engine
 from app.inference.translator import SearchSettings
@@ -25,9 +24,10 @@ from app.serving import ServerLimits, create_app
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-LIMITS = ServerLimits(max_request_bytes=2048, max_sentences=8, max_wait_ms=50.0, batch_size=4)
+LIMITS = ServerLimits(
+    max_request_bytes=2048, max_sentences=8, max_request_tokens=512, max_wait_ms=50.0, batch_size=4
+)
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."]
-TIMEOUT = 60.0  # seconds; every wait in this module is bounded
 
 
 @pytest.fixture(scope="module")
@@ -42,20 +42,8 @@ def engine(
 @pytest.fixture(scope="module")
 def url(engine: Engine) -> Iterator[str]:
     """A running server's base URL; stopped (and its thread joined) after the module."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, LIMITS), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=TIMEOUT)
-    sock.close()
+    with running_server(create_app(engine, LIMITS)) as (base_url, _):
+        yield base_url
 
 
 def post(url: str, body: object) -> httpx.Response:
@@ -119,16 +107,40 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_answers(url: str, 
         pytest.param({"sentences": ["a"], "beam": "5"}, 422, "beam", id="option-wrong-type"),
         pytest.param({"sentences": ["a"], "beam": 0}, 422, "beam", id="beam-zero"),
         pytest.param({"sentences": ["a"], "beam": 2, "nbest": 3}, 400, "nbest=3", id="nbest-over-beam"),
-        pytest.param({"sentences": ["a"], "sample": "top5"}, 400, "topk:K", id="bad-sample-spec"),
+        pytest.param({"sentences": ["a"], "sample": "top5"}, 422, "sample", id="bad-sample-spec"),
         pytest.param({"sentences": ["a"] * 9}, 413, "9 sentences", id="too-many-sentences"),
         pytest.param({"sentences": ["a" * 3000]}, 413, "limit", id="too-many-bytes"),
+        pytest.param({"sentences": ["a"], "sample": "topk:5", "nbest": 10**9}, 422, "nbest", id="nbest-huge"),
+        pytest.param(
+            {"sentences": ["ein zwei drei vier"] * 8, "sample": "topk:5", "nbest": 64},
+            413,
+            "nbest=64",
+            id="nbest-counted-in-the-cost",
+        ),
+        pytest.param({"sentences": ["a b c"] * 8, "beam": 32}, 413, "beam=32", id="beam-counted-in-the-cost"),
+        pytest.param(
+            {"sentences": ["a"], "sample": "topk:5", "temperature": 1e-300}, 422, "temperature", id="t-tiny"
+        ),
+        pytest.param(
+            b'{"sentences": ["a"], "sample": "topk:5", "temperature": Infinity}',
+            422,
+            "temperature",
+            id="t-inf",
+        ),
+        pytest.param(
+            b'{"sentences": ["a"], "sample": "topk:5", "temperature": NaN}', 422, "temperature", id="t-nan"
+        ),
+        pytest.param({"sentences": ["a"], "sample": "topk:5", "seed": 10**29}, 422, "seed", id="seed-huge"),
+        pytest.param({"sentences": ["a"], "sample": "topk:5", "seed": -1}, 422, "seed", id="seed-negative"),
+        pytest.param(b"null", 422, "(body)", id="null-body"),
+        pytest.param(b'{"sentences": ["ok", "\\ud800 x"]}', 422, "sentence 1 is not", id="lone-surrogate"),
     ],
 )
 def test_bad_input_is_a_clear_4xx_and_the_server_keeps_serving(
     url: str, body: object, status: int, mentions: str
 ) -> None:
     if isinstance(body, bytes):
-        response = httpx.post(f"{url}/translate", content=body, timeout=TIMEOUT)
+        response = httpx.post(f"{url}/translate", content=body, headers=JSON, timeout=TIMEOUT)
     else:
         response = post(url, body)
     assert response.status_code == status, response.text
@@ -151,3 +163,49 @@ def test_clients_that_disconnect_mid_request_do_not_hurt_the_server(url: str, en
     while healthy(url)["queued"]:  # the abandoned request does not stay queued
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        pytest.param("text/plain", b'{"sentences": ["a"]}', id="text-plain"),
+        pytest.param("application/x-www-form-urlencoded", b'{"sentences": ["a"]}', id="form"),
+        pytest.param("multipart/form-data; boundary=x", b"--x--", id="multipart"),
+        pytest.param(None, b'{"sentences": ["a"]}', id="no-content-type"),
+    ],
+)
+def test_a_body_not_declared_json_is_415(url: str, content_type: str | None, body: bytes) -> None:
+    """What a web page may POST to a loopback server without a CORS preflight is refused unread."""
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = httpx.post(f"{url}/translate", content=body, headers=headers, timeout=TIMEOUT)
+    assert response.status_code == 415, response.text
+    assert "application/json" in response.json()["error"]
+    charset = {"Content-Type": "application/json; charset=utf-8"}
+    ok = httpx.post(f"{url}/translate", content=b'{"sentences": ["a"]}', headers=charset, timeout=TIMEOUT)
+    assert ok.status_code == 200, ok.text
+
+
+def test_the_extreme_values_allowed_translate(url: str, engine: Engine) -> None:
+    """The bounds are where decoding still works: each allowed extreme gives an answer, not a 500."""
+    for extreme in ({"temperature": 0.01, "seed": 2**32 - 1}, {"temperature": 100.0, "seed": 0}):
+        body = {"sentences": SENTENCES[:1], "sample": "topk:5", "nbest": 2, **extreme}
+        response = post(url, body)
+        assert response.status_code == 200, response.text
+        assert len(response.json()["translations"][0]) == 2
+
+
+def test_openapi_documents_the_bodies_and_every_error(url: str) -> None:
+    spec = httpx.get(f"{url}/openapi.json", timeout=TIMEOUT).json()
+    operation = spec["paths"]["/translate"]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body["$ref"].endswith("/TranslateRequest")
+    request_schema = spec["components"]["schemas"]["TranslateRequest"]
+    assert request_schema["properties"]["nbest"]["maximum"] == 64
+    assert request_schema["additionalProperties"] is False
+    responses = operation["responses"]
+    assert responses["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/TranslateResponse")
+    for status in ("400", "408", "413", "415", "422", "500", "503"):
+        assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    health = spec["paths"]["/health"]["get"]["responses"]
+    assert health["503"]["content"]["application/json"]["schema"]["$ref"].endswith("/Health")
+    assert httpx.get(f"{url}/docs", timeout=TIMEOUT).status_code == 200
