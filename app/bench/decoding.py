@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from app.bench.timing import REPO_ROOT
+from app.inference.engine import SearchSettings
 from app.inference.evaluate import evaluate
-from app.inference.translator import SearchSettings, load_translator
+from app.inference.translator import load_translator
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

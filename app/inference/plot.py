@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
-from app.inference.translator import AttentionMap
+from app.inference.engine import AttentionMap
 
 CELL_INCHES = 0.32  # size of one token cell; figures grow with the sentence lengths
 

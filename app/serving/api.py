@@ -22,8 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from app.inference.engines import Engine, Translation
-from app.inference.translator import SearchSettings
+from app.inference.engine import Engine, SearchSettings, Translation
 from app.serving.batcher import Batcher, Unavailable, token_cost
 from app.serving.guard import BodyGuard
 from app.serving.schema import ErrorBody, Health, Hypothesis, TranslateRequest, TranslateResponse

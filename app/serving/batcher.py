@@ -25,8 +25,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from app.inference.engines import Engine, Translation
-from app.inference.translator import SearchSettings
+from app.inference.engine import Engine, SearchSettings, Translation
 
 log = logging.getLogger(__name__)
 Results = list[list[Translation]]

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from app.decoding import Sampling
-from app.inference.translator import SearchSettings
+from app.inference.engine import SearchSettings
 
 MAX_BEAM = 32
 MAX_NBEST = 64  # hypotheses per sentence: <= beam for search, samples when sampling

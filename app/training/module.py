@@ -17,8 +17,9 @@ import torch
 from app.checkpoint import CHECKPOINT_KEY, translation_payload
 from app.data.batch import Batch
 from app.data.tokenizer import Tokenizer
+from app.inference.engine import SearchSettings
 from app.inference.metrics import corpus_scores
-from app.inference.translator import SearchSettings, Translator
+from app.inference.translator import Translator
 from app.models.seq2seq import Seq2Seq
 from app.training.distributed import gather_objects
 from app.training.losses import label_smoothed_nll, linear_smoothed_nll, symmetric_kl

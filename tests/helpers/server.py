@@ -15,8 +15,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from app.inference.engines import Engine, Translation
-from app.inference.translator import SearchSettings
+from app.inference.engine import Engine, SearchSettings, Translation
 
 TIMEOUT = 60.0  # seconds
 JSON = {"Content-Type": "application/json"}

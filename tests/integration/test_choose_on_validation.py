@@ -12,11 +12,11 @@ import pytest
 from helpers.training import REPO_ROOT, compose_train, tiny_overrides
 
 from app.data.corpus import read_parallel
+from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.evaluate import evaluate
 from app.inference.metrics import corpus_scores
 from app.inference.run_scoring import rescore_run
-from app.inference.translator import SearchSettings
 from app.training.task import train
 
 SELECTION = [

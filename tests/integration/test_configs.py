@@ -15,7 +15,7 @@ from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from app.attention import AttentionConfigError, MultiHeadAttention
 from app.data.tokenizer import SubwordConfig
-from app.inference.translator import SearchSettings
+from app.inference.engine import SearchSettings
 from app.models import build_model
 from app.training.loggers import LOGGERS
 from app.training.module import TranslationModule

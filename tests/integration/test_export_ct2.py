@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from app.export.ct2 import ExportError, check_exportable, export_ct2
+from app.inference.engine import SearchSettings
 from app.inference.engines import CT2Engine, open_engine
-from app.inference.translator import SearchSettings, Translator
+from app.inference.translator import Translator
 from app.models import build_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

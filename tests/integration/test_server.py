@@ -18,8 +18,8 @@ import torch
 from helpers.models import TINY_TRANSFORMER
 from helpers.server import JSON, TIMEOUT, running_server
 
-from app.inference.engines import Engine, open_engine
-from app.inference.translator import SearchSettings
+from app.inference.engine import Engine, SearchSettings
+from app.inference.engines import open_engine
 from app.serving import ServerLimits, create_app
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

@@ -26,7 +26,8 @@ from helpers.training import (
 from omegaconf import DictConfig
 
 from app.checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, read_checkpoint
-from app.inference.translator import SearchSettings, load_translator
+from app.inference.engine import SearchSettings
+from app.inference.translator import load_translator
 from app.training.losses import label_smoothed_nll
 from app.training.module import NonFiniteLossError
 from app.training.optim import build_optimizer

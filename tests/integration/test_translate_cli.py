@@ -21,8 +21,9 @@ from helpers.models import TINY_TRANSFORMER
 from helpers.training import REPO_ROOT
 
 from app.inference.cli import main, parse_args, translate_stream
+from app.inference.engine import SearchSettings
 from app.inference.evaluate import evaluate
-from app.inference.translator import SearchSettings, Translator, load_translator
+from app.inference.translator import Translator, load_translator
 from app.training.losses import label_smoothed_nll
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

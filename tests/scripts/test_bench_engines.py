@@ -15,9 +15,9 @@ from helpers.models import TINY_TRANSFORMER
 from helpers.training import subprocess_env
 
 from app.bench import engines as bench_engines
+from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.metrics import corpus_scores
-from app.inference.translator import SearchSettings
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

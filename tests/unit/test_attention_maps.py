@@ -11,8 +11,9 @@ import torch
 from helpers.rnn import ATTENTIONS, TINY_RNN, random_batch, tiny_rnn
 
 from app.inference.cli import main
+from app.inference.engine import AttentionMap, SearchSettings
 from app.inference.plot import attention_figure, plot_file_name, save_attention_plot
-from app.inference.translator import AttentionMap, SearchSettings, load_translator
+from app.inference.translator import load_translator
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

@@ -15,7 +15,8 @@ from helpers.rnn import tiny_rnn
 from app.checkpoint import CheckpointError
 from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
 from app.decoding import beam_hypotheses, greedy_hypotheses, output_limits
-from app.inference.translator import SearchSettings, load_translator
+from app.inference.engine import SearchSettings
+from app.inference.translator import load_translator
 from app.models import Transformer
 from app.models.ensemble import Ensemble, mean_probabilities
 from app.models.seq2seq import Seq2Seq

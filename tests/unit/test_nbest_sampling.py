@@ -9,7 +9,7 @@ import torch
 
 from app.decoding import Sampling, beam_hypotheses, beam_search, output_limits, sample_search
 from app.inference.cli import jsonl_record, parse_args, search_settings
-from app.inference.engines import Translation
+from app.inference.engine import Translation
 
 BOS, EOS, PAD = 2, 3, 0
 

@@ -8,9 +8,9 @@ import pytest
 from helpers.training import compose_train
 from sacrebleu.metrics import BLEU
 
+from app.inference.engine import SearchSettings
 from app.inference.metrics import corpus_scores, moses_bleu_lc
 from app.inference.selection import Trial, best_trial, check_selection, search_grid
-from app.inference.translator import SearchSettings
 
 
 def test_search_grid_is_every_beam_with_every_alpha() -> None:

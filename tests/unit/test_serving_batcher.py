@@ -9,7 +9,7 @@ import pytest
 from helpers.server import ScriptedEngine
 
 from app.decoding import Sampling
-from app.inference.translator import SearchSettings
+from app.inference.engine import SearchSettings
 from app.serving.batcher import Batcher, Unavailable, token_cost
 
 GREEDY = SearchSettings(beam=1)
