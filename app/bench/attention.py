@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from app.attention.kernels.flash import flash_attn_module
-from app.bench.attention_cases import DECODE_CASES, TRAIN_CASES, Setup, decode_rows, train_rows
+from app.bench.attention_cases import DECODE_CASES, TRAIN_CASES, Setup, decode_rows, runnable, train_rows
 from app.bench.attention_plot import plot, read_rows, title_of
 from app.bench.memory import PEAK_UNMEASURED, parse_bytes
 from app.bench.timing import REPO_ROOT
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
         "heads": setup.heads,
         "torch": torch.__version__,
     }
-    cases = [case for case in TRAIN_CASES if args.variants is None or case.name in args.variants]
+    chosen = [case for case in TRAIN_CASES if args.variants is None or case.name in args.variants]
+    cases = runnable(chosen, setup.causal)
     flash_path = "flash-attn" if setup.device.type == "cuda" and flash_attn_module() else "torch SDPA"
     print(
         f"{common['hardware']}, {common['dtype']}, {common['threads']} threads; flash kernel via {flash_path}"

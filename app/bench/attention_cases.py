@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from app.attention import KVCache, MultiHeadAttention, build_kernel
+from app.attention.registry import kernel_class
 from app.bench.memory import PEAK_UNMEASURED, is_out_of_memory, peak_bytes
 from app.bench.timing import median_ms, synchronize
 
@@ -47,12 +48,25 @@ TRAIN_CASES = [
     KernelCase("linear_elu", "linear", {"feature_map": "elu"}),
     KernelCase("linear_favor", "linear", {"feature_map": "favor", "num_features": 64}),
     KernelCase("gqa_sdpa_kv2", "sdpa", kv_heads=2),
+    # Linformer's E, F cover the longest benchmark length (16,384); shorter inputs use their first columns.
+    KernelCase("linformer_k256", "linformer", {"k": 256, "sharing": "headwise", "max_len": 16384}),
+    # Reformer's LSH: chunks of 64, 4 hash rounds; 64 buckets average 64 keys each at 4,096 tokens.
+    KernelCase("lsh_c64_h4", "lsh", {"chunk_size": 64, "n_hashes": 4, "n_buckets": 64}),
+    KernelCase(
+        "lsh_c64_h4_recompute", "lsh", {"chunk_size": 64, "n_hashes": 4, "n_buckets": 64, "recompute": True}
+    ),
 ]
 DECODE_CASES = [
     KernelCase("mha_sdpa", "sdpa"),
     KernelCase("gqa_sdpa_kv2", "sdpa", kv_heads=2),
     KernelCase("linear_elu", "linear", {"feature_map": "elu"}),
+    KernelCase("lsh_c64_h4", "lsh", {"chunk_size": 64, "n_hashes": 4, "n_buckets": 64}),
 ]
+
+
+def runnable(cases: list[KernelCase], causal: bool) -> list[KernelCase]:
+    """The cases whose kernel can run the benchmark's masking (Linformer cannot be causal)."""
+    return [case for case in cases if not causal or kernel_class(case.kernel).capabilities.causal]
 
 
 @dataclass(frozen=True)
