@@ -3,13 +3,20 @@
 A checkpoint is Lightning's dict (``state_dict`` with a ``model.`` prefix, loop and optimizer state)
 plus, under :data:`CHECKPOINT_KEY`, everything needed to use the model without the run directory:
 
-    {"config": resolved run config (model, attention, data, ...),
+    {"format_version": FORMAT_VERSION,
+     "config": resolved run config (model, attention, data, ...),
      "src_spm": bytes, "tgt_spm": bytes,     # the sentencepiece models
-     "valid_search": dict}                   # the decoding used for validation
+     "valid_search": dict,                   # the decoding used for validation
+     "corpus": {"train.src": sha256, ...}}   # what training read (checked on resume), training only
 
 Training writes it (:func:`translation_payload` from the LightningModule), inference, scripts and tests
 read it (:func:`load_model`), and :func:`model_checkpoint` builds a complete one from a model in memory.
 Files are written atomically and read with clear errors. Nothing here imports Lightning.
+
+Opening a checkpoint never runs code from it: every file is read with ``torch.load(weights_only=True)``,
+which rebuilds tensors, numbers, strings, bytes, lists, tuples and dicts and nothing else. A file that
+asks for anything more (a pickled object whose ``__reduce__`` would call a function, say) is refused
+with a :class:`CheckpointError` before any of it is used.
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from app.data.tokenizer import Tokenizer
@@ -30,10 +39,13 @@ from app.models import build_model
 from app.models.seq2seq import Seq2Seq
 
 CHECKPOINT_KEY = "translation"  # where a checkpoint keeps the run config and the tokenizer models
+FORMAT_VERSION = 1
+"""The layout of :data:`CHECKPOINT_KEY` this version writes. Files without one (format 0, written
+before the number existed) are read the same way; a newer number is refused, naming both."""
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that is missing, truncated, corrupted or from another program."""
+    """A checkpoint that is missing, truncated, corrupted, unsafe or from another program."""
 
 
 def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -43,20 +55,107 @@ def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
         torch.save(obj, handle)
 
 
+def _numpy_array_globals() -> list[Any]:
+    """What unpickling a plain numpy array needs: format-0 training checkpoints kept numpy's random
+    state as one. Rebuilding an array calls no function a file can choose, and any object inside an
+    object array still goes through the same weights-only unpickler, so this adds no way to run code."""
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    return [
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+        _reconstruct,
+        (_reconstruct, "numpy.core.multiarray._reconstruct"),  # written by numpy 1.x
+    ]
+
+
+@contextmanager
+def _numpy_arrays_allowed() -> Iterator[None]:
+    with torch.serialization.safe_globals(_numpy_array_globals()):
+        yield
+
+
+def _refusal_reason(err: pickle.UnpicklingError) -> str | None:
+    """The global (a class or function) a file asked for beyond plain data, or None when the unpickler
+    stopped for another reason (garbage, an opcode it does not know: refused as "not a checkpoint")."""
+    found = re.search(r"(Unsupported global: GLOBAL \S+?)(?: was not|\.?\s|$)", str(err))
+    return found.group(1).strip() if found else None
+
+
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint dict, turning torch's low-level failures into a :class:`CheckpointError`."""
+    """Load a checkpoint dict, weights only, turning torch's failures into a :class:`CheckpointError`.
+
+    Refused, each with the file named: a file that needs more than data to unpickle (it could run
+    code), one from a newer format, one from another program, or one missing a part this toolkit needs.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+        with _numpy_arrays_allowed():
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        reason = _refusal_reason(err)
+        if reason is None:
+            raise CheckpointError(
+                f"{path} is truncated or not a checkpoint (UnpicklingError: {err})"
+            ) from err
+        raise CheckpointError(
+            f"refused to open {path}: it holds more than weights and data ({reason}); unpickling it "
+            f"could run code from the file. Only checkpoints written by train.py hold nothing else "
+            f"(see 'Opening checkpoints from others' in README.md)"
+        ) from err
+    except Exception as err:  # the weights-only unpickler fails on garbage with any error type
         raise CheckpointError(
             f"{path} is truncated or not a checkpoint ({type(err).__name__}: {err})"
         ) from err
     if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is not a checkpoint written by this toolkit's train.py")
+    check_structure(checkpoint, source=str(path))
     return checkpoint
+
+
+# The parts every checkpoint must have, as (path of keys, expected type).
+_REQUIRED: tuple[tuple[tuple[str, ...], type | tuple[type, ...]], ...] = (
+    (("state_dict",), dict),
+    ((CHECKPOINT_KEY,), dict),
+    ((CHECKPOINT_KEY, "config"), dict),
+    ((CHECKPOINT_KEY, "config", "model"), dict),
+    ((CHECKPOINT_KEY, "config", "attention"), dict),
+    ((CHECKPOINT_KEY, "src_spm"), bytes),
+    ((CHECKPOINT_KEY, "tgt_spm"), bytes),
+)
+
+
+def check_structure(checkpoint: dict[str, Any], *, source: str = "checkpoint") -> None:
+    """Raise a :class:`CheckpointError` naming the first missing or mistyped part, or a format newer
+    than :data:`FORMAT_VERSION`."""
+    for keys, kind in _REQUIRED:
+        node: Any = checkpoint
+        for depth, key in enumerate(keys):
+            if not isinstance(node, dict) or key not in node:
+                raise CheckpointError(
+                    f"{source} has no {'.'.join(keys[: depth + 1])}: not a complete checkpoint"
+                )
+            node = node[key]
+        if not isinstance(node, kind):
+            raise CheckpointError(
+                f"{source}: {'.'.join(keys)} is a {type(node).__name__}, expected a {kind.__name__}"
+            )
+    version = checkpoint[CHECKPOINT_KEY].get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise CheckpointError(f"{source}: unknown checkpoint format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{source} has checkpoint format {version}, this version of the toolkit reads formats up to "
+            f"{FORMAT_VERSION}: update the toolkit to open it"
+        )
+    bad = [name for name, value in checkpoint["state_dict"].items() if not isinstance(value, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"{source}: state_dict entries that are not tensors: {bad[:5]}")
 
 
 @dataclass
@@ -77,6 +176,7 @@ def translation_payload(
 ) -> dict[str, Any]:
     """What a checkpoint keeps under :data:`CHECKPOINT_KEY` besides the weights."""
     return {
+        "format_version": FORMAT_VERSION,
         "config": config,
         "src_spm": src_tokenizer.to_bytes(),
         "tgt_spm": tgt_tokenizer.to_bytes(),

@@ -206,21 +206,41 @@ class RngState(pl.Callback):
 
 
 def rng_states() -> dict[str, Any]:
-    """This process's generator states: torch, CUDA (every device), numpy, python."""
+    """This process's generator states: torch, CUDA (every device), numpy, python.
+
+    Only tensors, numbers and tuples, so a checkpoint holding them opens with ``weights_only=True``
+    (numpy's state is an array, stored here as a tensor: see :func:`numpy_state`).
+    """
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": np.random.get_state(),
+        "numpy": numpy_state(),
         "python": random.getstate(),
     }
 
 
+def numpy_state() -> dict[str, Any]:
+    """``np.random.get_state()`` without numpy objects: the MT19937 key as an int64 tensor."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "kind": str(kind),
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+
+
 def set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what :func:`rng_states` returned."""
+    """Restore what :func:`rng_states` returned (or the numpy tuple older checkpoints hold)."""
     torch.set_rng_state(states["torch"])
     if states["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-    np.random.set_state(states["numpy"])
+    state = states["numpy"]
+    if isinstance(state, dict):
+        keys = np.asarray(state["keys"].numpy(), dtype=np.uint32)
+        state = (state["kind"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"])
+    np.random.set_state(state)
     random.setstate(states["python"])
 
 
