@@ -263,37 +263,56 @@ def average_checkpoints(paths: list[str | os.PathLike[str]]) -> dict[str, Any]:
     """A weights-only checkpoint whose parameters are the mean of those in ``paths``.
 
     Averaging the last checkpoints of a run (Vaswani et al. 2017, section 6.1: the last 5 or 20) smooths
-    out the noise of the final updates and usually gains a little BLEU. Floating-point tensors are
-    averaged in float64 and cast back; integer buffers must agree. The result keeps the newest
-    checkpoint's config and tokenizers (so ``translate.py`` reads it) but no optimizer or loop state:
-    training cannot resume from it.
+    out the noise of the final updates and usually gains a little BLEU. The files are read one at a
+    time into a running sum (float64 for floating-point tensors, divided at the end and cast back), so
+    memory holds the sum and one checkpoint however many are averaged; integer buffers must agree. The
+    result keeps the newest checkpoint's config and tokenizers (so ``translate.py`` reads it) but no
+    optimizer or loop state: training cannot resume from it.
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
-    checkpoints = [read_checkpoint(path) for path in paths]
-    names = list(checkpoints[-1]["state_dict"])
-    for path, checkpoint in zip(paths, checkpoints, strict=True):
-        if list(checkpoint["state_dict"]) != names:
-            raise CheckpointError(f"{path} holds different parameters than {paths[-1]}: cannot average them")
-    averaged = {name: _mean_tensor(name, [c["state_dict"][name] for c in checkpoints]) for name in names}
-    newest = checkpoints[-1]
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    newest: dict[str, Any] = {}
+    for index, path in enumerate(paths):
+        checkpoint = read_checkpoint(path)
+        weights = checkpoint["state_dict"]
+        newest = {key: checkpoint.get(key) for key in ("global_step", "epoch", CHECKPOINT_KEY)}
+        del checkpoint  # its optimizer and loop state go now, not when the next file is read
+        if index == 0:
+            dtypes = {name: value.dtype for name, value in weights.items()}
+            total = {name: _start_sum(value) for name, value in weights.items()}
+        else:
+            _add_to_sum(total, weights, source=f"{path} (against {paths[0]})")
+        del weights
+    averaged = {
+        name: (value / len(paths)).to(dtypes[name]) if value.is_floating_point() else value
+        for name, value in total.items()
+    }
     return {
         "state_dict": averaged,
-        "global_step": newest.get("global_step"),
-        "epoch": newest.get("epoch"),
+        "global_step": newest["global_step"],
+        "epoch": newest["epoch"],
         CHECKPOINT_KEY: {**newest[CHECKPOINT_KEY], "averaged_from": [str(p) for p in paths]},
     }
 
 
-def _mean_tensor(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
-    first = tensors[0]
-    if any(t.shape != first.shape for t in tensors):
-        raise CheckpointError(f"parameter {name} has shapes {[tuple(t.shape) for t in tensors]}")
-    if not first.is_floating_point():
-        if any(not torch.equal(t, first) for t in tensors):
-            raise CheckpointError(f"integer buffer {name} differs between checkpoints: cannot average it")
-        return first.clone()
-    total = torch.zeros_like(first, dtype=torch.float64)
-    for tensor in tensors:
-        total += tensor.to(torch.float64)
-    return (total / len(tensors)).to(first.dtype)
+def _start_sum(value: torch.Tensor) -> torch.Tensor:
+    """A running sum's first term: a float64 copy of a floating-point tensor, a copy of an integer one."""
+    return value.to(torch.float64, copy=True) if value.is_floating_point() else value.clone()
+
+
+def _add_to_sum(total: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], *, source: str) -> None:
+    """Add one checkpoint's ``weights`` to ``total`` in place; integer buffers must equal the first's."""
+    if list(weights) != list(total):
+        raise CheckpointError(f"{source} holds different parameters: cannot average them")
+    for name, value in weights.items():
+        if value.shape != total[name].shape:
+            raise CheckpointError(
+                f"parameter {name} has shape {tuple(value.shape)} in {source}, "
+                f"{tuple(total[name].shape)} in the first"
+            )
+        if total[name].is_floating_point():
+            total[name] += value.to(torch.float64)
+        elif not torch.equal(value, total[name]):
+            raise CheckpointError(f"integer buffer {name} differs in {source}: cannot average it")
