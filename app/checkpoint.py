@@ -6,8 +6,10 @@ plus, under :data:`CHECKPOINT_KEY`, everything needed to use the model without t
     {"format_version": FORMAT_VERSION,
      "config": resolved run config (model, attention, data, ...),
      "src_spm": bytes, "tgt_spm": bytes,     # the sentencepiece models
-     "valid_search": dict,                   # the decoding used for validation
-     "corpus": {"train.src": sha256, ...}}   # what training read (checked on resume), training only
+     "valid_search": dict}                   # the decoding used for validation
+
+Lightning's part is plain data too (loop counters, optimizer and scheduler states, callback states:
+random generators as tensors, the SHA-256 of the data and tokenizers a resume checks against).
 
 Training writes it (:func:`translation_payload` from the LightningModule), inference, scripts and tests
 read it (:func:`load_model`), and :func:`model_checkpoint` builds a complete one from a model in memory.
@@ -119,7 +121,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 # The parts every checkpoint must have, as (path of keys, expected type).
-_REQUIRED: tuple[tuple[tuple[str, ...], type | tuple[type, ...]], ...] = (
+_REQUIRED: tuple[tuple[tuple[str, ...], type], ...] = (
     (("state_dict",), dict),
     ((CHECKPOINT_KEY,), dict),
     ((CHECKPOINT_KEY, "config"), dict),
