@@ -11,13 +11,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import uvicorn
 from helpers.models import TINY_TRANSFORMER
 from helpers.training import REPO_ROOT, compose_train, run_translate, tiny_overrides, write_corpus_slice
 
-from app.checkpoint import CHECKPOINT_KEY, CheckpointError, read_checkpoint, save_atomically
+from app.checkpoint import CHECKPOINT_KEY, CheckpointError, load_model, read_checkpoint, save_atomically
 from app.training.task import train
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -183,12 +184,8 @@ def test_a_format_0_checkpoint_still_loads(good: Path, tmp_path: Path) -> None:
     weights-only safe, so it opens, and the model loads."""
     checkpoint = read_checkpoint(good)
     checkpoint[CHECKPOINT_KEY].pop("format_version", None)
-    import numpy as np
-
     checkpoint["rng_states"] = [{"numpy": np.random.get_state(), "torch": torch.get_rng_state()}]
     save_atomically(checkpoint, tmp_path / "old.ckpt")
     loaded = read_checkpoint(tmp_path / "old.ckpt")
     assert np.array_equal(loaded["rng_states"][0]["numpy"][1], np.random.get_state()[1])
-    from app.checkpoint import load_model
-
     assert load_model(tmp_path / "old.ckpt").model is not None
