@@ -285,6 +285,8 @@ class DataFingerprint(pl.Callback):
         return dict(self.fingerprint)
 
     def load_state_dict(self, state_dict: dict[str, str]) -> None:
+        if not self.fingerprint:  # not fitting (trainer.validate/test from a checkpoint): nothing to resume
+            return
         changed = fingerprint_changes(state_dict, self.fingerprint)
         if changed:
             raise ValueError(
