@@ -3,13 +3,22 @@
 A checkpoint is Lightning's dict (``state_dict`` with a ``model.`` prefix, loop and optimizer state)
 plus, under :data:`CHECKPOINT_KEY`, everything needed to use the model without the run directory:
 
-    {"config": resolved run config (model, attention, data, ...),
+    {"format_version": FORMAT_VERSION,
+     "config": resolved run config (model, attention, data, ...),
      "src_spm": bytes, "tgt_spm": bytes,     # the sentencepiece models
      "valid_search": dict}                   # the decoding used for validation
+
+Lightning's part is plain data too (loop counters, optimizer and scheduler states, callback states:
+random generators as tensors, the SHA-256 of the data and tokenizers a resume checks against).
 
 Training writes it (:func:`translation_payload` from the LightningModule), inference, scripts and tests
 read it (:func:`load_model`), and :func:`model_checkpoint` builds a complete one from a model in memory.
 Files are written atomically and read with clear errors. Nothing here imports Lightning.
+
+Opening a checkpoint never runs code from it: every file is read with ``torch.load(weights_only=True)``,
+which rebuilds tensors, numbers, strings, bytes, lists, tuples and dicts and nothing else. A file that
+asks for anything more (a pickled object whose ``__reduce__`` would call a function, say) is refused
+with a :class:`CheckpointError` before any of it is used.
 """
 
 from __future__ import annotations
@@ -17,11 +26,13 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from app.data.tokenizer import Tokenizer
@@ -30,10 +41,13 @@ from app.models import build_model
 from app.models.seq2seq import Seq2Seq
 
 CHECKPOINT_KEY = "translation"  # where a checkpoint keeps the run config and the tokenizer models
+FORMAT_VERSION = 1
+"""The layout of :data:`CHECKPOINT_KEY` this version writes. Files without one (format 0, written
+before the number existed) are read the same way; a newer number is refused, naming both."""
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that is missing, truncated, corrupted or from another program."""
+    """A checkpoint that is missing, truncated, corrupted, unsafe or from another program."""
 
 
 def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -43,20 +57,107 @@ def save_atomically(obj: Any, path: str | os.PathLike[str]) -> None:
         torch.save(obj, handle)
 
 
+def _numpy_array_globals() -> list[Any]:
+    """What unpickling a plain numpy array needs: format-0 training checkpoints kept numpy's random
+    state as one. Rebuilding an array calls no function a file can choose, and any object inside an
+    object array still goes through the same weights-only unpickler, so this adds no way to run code."""
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    return [
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+        _reconstruct,
+        (_reconstruct, "numpy.core.multiarray._reconstruct"),  # written by numpy 1.x
+    ]
+
+
+@contextmanager
+def _numpy_arrays_allowed() -> Iterator[None]:
+    with torch.serialization.safe_globals(_numpy_array_globals()):
+        yield
+
+
+def _refusal_reason(err: pickle.UnpicklingError) -> str | None:
+    """The global (a class or function) a file asked for beyond plain data, or None when the unpickler
+    stopped for another reason (garbage, an opcode it does not know: refused as "not a checkpoint")."""
+    found = re.search(r"(Unsupported global: GLOBAL \S+?)(?: was not|\.?\s|$)", str(err))
+    return found.group(1).strip() if found else None
+
+
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint dict, turning torch's low-level failures into a :class:`CheckpointError`."""
+    """Load a checkpoint dict, weights only, turning torch's failures into a :class:`CheckpointError`.
+
+    Refused, each with the file named: a file that needs more than data to unpickle (it could run
+    code), one from a newer format, one from another program, or one missing a part this toolkit needs.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+        with _numpy_arrays_allowed():
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        reason = _refusal_reason(err)
+        if reason is None:
+            raise CheckpointError(
+                f"{path} is truncated or not a checkpoint (UnpicklingError: {err})"
+            ) from err
+        raise CheckpointError(
+            f"refused to open {path}: it holds more than weights and data ({reason}); unpickling it "
+            f"could run code from the file. Only checkpoints written by train.py hold nothing else "
+            f"(see 'Opening checkpoints from others' in README.md)"
+        ) from err
+    except Exception as err:  # the weights-only unpickler fails on garbage with any error type
         raise CheckpointError(
             f"{path} is truncated or not a checkpoint ({type(err).__name__}: {err})"
         ) from err
     if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is not a checkpoint written by this toolkit's train.py")
+    check_structure(checkpoint, source=str(path))
     return checkpoint
+
+
+# The parts every checkpoint must have, as (path of keys, expected type).
+_REQUIRED: tuple[tuple[tuple[str, ...], type], ...] = (
+    (("state_dict",), dict),
+    ((CHECKPOINT_KEY,), dict),
+    ((CHECKPOINT_KEY, "config"), dict),
+    ((CHECKPOINT_KEY, "config", "model"), dict),
+    ((CHECKPOINT_KEY, "config", "attention"), dict),
+    ((CHECKPOINT_KEY, "src_spm"), bytes),
+    ((CHECKPOINT_KEY, "tgt_spm"), bytes),
+)
+
+
+def check_structure(checkpoint: dict[str, Any], *, source: str = "checkpoint") -> None:
+    """Raise a :class:`CheckpointError` naming the first missing or mistyped part, or a format newer
+    than :data:`FORMAT_VERSION`."""
+    for keys, kind in _REQUIRED:
+        node: Any = checkpoint
+        for depth, key in enumerate(keys):
+            if not isinstance(node, dict) or key not in node:
+                raise CheckpointError(
+                    f"{source} has no {'.'.join(keys[: depth + 1])}: not a complete checkpoint"
+                )
+            node = node[key]
+        if not isinstance(node, kind):
+            raise CheckpointError(
+                f"{source}: {'.'.join(keys)} is a {type(node).__name__}, expected a {kind.__name__}"
+            )
+    version = checkpoint[CHECKPOINT_KEY].get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise CheckpointError(f"{source}: unknown checkpoint format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{source} has checkpoint format {version}, this version of the toolkit reads formats up to "
+            f"{FORMAT_VERSION}: update the toolkit to open it"
+        )
+    bad = [name for name, value in checkpoint["state_dict"].items() if not isinstance(value, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"{source}: state_dict entries that are not tensors: {bad[:5]}")
 
 
 @dataclass
@@ -77,6 +178,7 @@ def translation_payload(
 ) -> dict[str, Any]:
     """What a checkpoint keeps under :data:`CHECKPOINT_KEY` besides the weights."""
     return {
+        "format_version": FORMAT_VERSION,
         "config": config,
         "src_spm": src_tokenizer.to_bytes(),
         "tgt_spm": tgt_tokenizer.to_bytes(),
@@ -163,37 +265,56 @@ def average_checkpoints(paths: list[str | os.PathLike[str]]) -> dict[str, Any]:
     """A weights-only checkpoint whose parameters are the mean of those in ``paths``.
 
     Averaging the last checkpoints of a run (Vaswani et al. 2017, section 6.1: the last 5 or 20) smooths
-    out the noise of the final updates and usually gains a little BLEU. Floating-point tensors are
-    averaged in float64 and cast back; integer buffers must agree. The result keeps the newest
-    checkpoint's config and tokenizers (so ``translate.py`` reads it) but no optimizer or loop state:
-    training cannot resume from it.
+    out the noise of the final updates and usually gains a little BLEU. The files are read one at a
+    time into a running sum (float64 for floating-point tensors, divided at the end and cast back), so
+    memory holds the sum and one checkpoint however many are averaged; integer buffers must agree. The
+    result keeps the newest checkpoint's config and tokenizers (so ``translate.py`` reads it) but no
+    optimizer or loop state: training cannot resume from it.
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
-    checkpoints = [read_checkpoint(path) for path in paths]
-    names = list(checkpoints[-1]["state_dict"])
-    for path, checkpoint in zip(paths, checkpoints, strict=True):
-        if list(checkpoint["state_dict"]) != names:
-            raise CheckpointError(f"{path} holds different parameters than {paths[-1]}: cannot average them")
-    averaged = {name: _mean_tensor(name, [c["state_dict"][name] for c in checkpoints]) for name in names}
-    newest = checkpoints[-1]
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    newest: dict[str, Any] = {}
+    for index, path in enumerate(paths):
+        checkpoint = read_checkpoint(path)
+        weights = checkpoint["state_dict"]
+        newest = {key: checkpoint.get(key) for key in ("global_step", "epoch", CHECKPOINT_KEY)}
+        del checkpoint  # its optimizer and loop state go now, not when the next file is read
+        if index == 0:
+            dtypes = {name: value.dtype for name, value in weights.items()}
+            total = {name: _start_sum(value) for name, value in weights.items()}
+        else:
+            _add_to_sum(total, weights, source=f"{path} (against {paths[0]})")
+        del weights
+    averaged = {
+        name: (value / len(paths)).to(dtypes[name]) if value.is_floating_point() else value
+        for name, value in total.items()
+    }
     return {
         "state_dict": averaged,
-        "global_step": newest.get("global_step"),
-        "epoch": newest.get("epoch"),
+        "global_step": newest["global_step"],
+        "epoch": newest["epoch"],
         CHECKPOINT_KEY: {**newest[CHECKPOINT_KEY], "averaged_from": [str(p) for p in paths]},
     }
 
 
-def _mean_tensor(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
-    first = tensors[0]
-    if any(t.shape != first.shape for t in tensors):
-        raise CheckpointError(f"parameter {name} has shapes {[tuple(t.shape) for t in tensors]}")
-    if not first.is_floating_point():
-        if any(not torch.equal(t, first) for t in tensors):
-            raise CheckpointError(f"integer buffer {name} differs between checkpoints: cannot average it")
-        return first.clone()
-    total = torch.zeros_like(first, dtype=torch.float64)
-    for tensor in tensors:
-        total += tensor.to(torch.float64)
-    return (total / len(tensors)).to(first.dtype)
+def _start_sum(value: torch.Tensor) -> torch.Tensor:
+    """A running sum's first term: a float64 copy of a floating-point tensor, a copy of an integer one."""
+    return value.to(torch.float64, copy=True) if value.is_floating_point() else value.clone()
+
+
+def _add_to_sum(total: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], *, source: str) -> None:
+    """Add one checkpoint's ``weights`` to ``total`` in place; integer buffers must equal the first's."""
+    if list(weights) != list(total):
+        raise CheckpointError(f"{source} holds different parameters: cannot average them")
+    for name, value in weights.items():
+        if value.shape != total[name].shape:
+            raise CheckpointError(
+                f"parameter {name} has shape {tuple(value.shape)} in {source}, "
+                f"{tuple(total[name].shape)} in the first"
+            )
+        if total[name].is_floating_point():
+            total[name] += value.to(torch.float64)
+        elif not torch.equal(value, total[name]):
+            raise CheckpointError(f"integer buffer {name} differs in {source}: cannot average it")

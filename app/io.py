@@ -8,8 +8,10 @@ when the ``with`` block finishes without an exception; otherwise it is removed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,3 +46,33 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb", **open_args: An
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush ``path``'s content (or a directory's entries) to disk, so that a rename published after it
+    never points at data a crash can still lose."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes, read in ``chunk``-byte pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def move_aside(path: str | os.PathLike[str]) -> Path:
+    """Rename a broken cache entry (file or directory) to ``<name>.corrupt-<unix time>`` beside it, out of
+    the way of a rebuild but kept for inspection; returns the new path."""
+    path = Path(path)
+    target = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    while target.exists():
+        target = target.with_name(target.name + "x")
+    path.rename(target)
+    return target

@@ -10,6 +10,11 @@ and an unchanged one loads in the time it takes to memory-map its files.
 and whole batches through ``__getitems__`` (slices of the memory-mapped id columns), never holding
 the corpus as Python objects. Every DataLoader worker and every DDP rank maps the same files, so the operating
 system keeps one copy of the pages however many processes read them.
+
+A cache heals: its manifest records each file's size and SHA-256 (every file is fsynced before the
+manifest is written, and the manifest before the directory is renamed into place), and a cache that
+fails to load or to match its manifest is moved aside (``<key>.corrupt-<time>``) and rebuilt, with a
+warning naming it. Checking costs one read of the files per load (about a second per GB).
 """
 
 from __future__ import annotations
@@ -31,9 +36,18 @@ from torch.utils.data import Dataset
 
 from app.data.corpus import TextColumn, TextDigest
 from app.data.tokenizer import SubwordSampling, Tokenizer
+from app.io import file_sha256, fsync_file, move_aside
 from app.ranks import launched_as_local_zero, wait_for_file
 
-__all__ = ["FORMAT_VERSION", "EncodedPairs", "ResampledPairs", "encode_split", "encoding_key", "text_column"]
+__all__ = [
+    "FORMAT_VERSION",
+    "CacheError",
+    "EncodedPairs",
+    "ResampledPairs",
+    "encode_split",
+    "encoding_key",
+    "text_column",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +130,32 @@ def encode_split(
     if num_proc < 1:
         raise ValueError(f"data.num_proc must be >= 1, got {num_proc}")
     directory = Path(cache_dir) / encoding_key(texts, src_tokenizer, tgt_tokenizer)
-    if not (directory / _MANIFEST).is_file():
-        if launched_as_local_zero():
-            _build(texts, _EncodeBatch(src_tokenizer, tgt_tokenizer), directory, num_proc, name)
-        else:
-            wait_for_file(directory / _MANIFEST)
+    if (directory / _MANIFEST).is_file():
+        try:
+            return _load(directory)
+        except _UNREADABLE as err:
+            if not launched_as_local_zero():
+                raise CacheError(
+                    f"token cache {directory} is unreadable ({err}); local rank 0 rebuilds it"
+                ) from err
+            aside = move_aside(directory)
+            log.warning(
+                "token cache %s is unreadable (%s): moved to %s, rebuilding it", directory, err, aside
+            )
+    if launched_as_local_zero():
+        _build(texts, _EncodeBatch(src_tokenizer, tgt_tokenizer), directory, num_proc, name)
+    else:
+        wait_for_file(directory / _MANIFEST)
     return _load(directory)
+
+
+class CacheError(RuntimeError):
+    """A cached file that does not match its manifest (truncated, overwritten, missing)."""
+
+
+# What a damaged cache raises on load: a missing or truncated file (OSError, pyarrow's errors), a bad
+# manifest (ValueError from json, KeyError), a row count or checksum that does not match (CacheError).
+_UNREADABLE = (OSError, ValueError, KeyError, TypeError, pa.ArrowException, CacheError)
 
 
 def _build(texts: datasets.Dataset, encode: _EncodeBatch, directory: Path, num_proc: int, name: str) -> None:
@@ -141,25 +175,51 @@ def _build(texts: datasets.Dataset, encode: _EncodeBatch, directory: Path, num_p
             desc=f"tokenizing {name}",
         )
         files = [Path(entry["filename"]).name for entry in encoded.cache_files]
-        manifest = {"format": FORMAT_VERSION, "rows": encoded.num_rows, "files": files}
-        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        for file in files:
+            fsync_file(tmp / file)
+        manifest = {
+            "format": FORMAT_VERSION,
+            "rows": encoded.num_rows,
+            "files": files,
+            "bytes": {file: (tmp / file).stat().st_size for file in files},
+            "sha256": {file: file_sha256(tmp / file) for file in files},
+        }
+        with open(tmp / _MANIFEST, "w") as handle:
+            handle.write(json.dumps(manifest, indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        fsync_file(tmp)
         try:
             tmp.rename(directory)
         except OSError:  # another process published the same cache first: use theirs
             if not (directory / _MANIFEST).is_file():
                 raise
+        fsync_file(directory.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _check_files(directory: Path, manifest: dict[str, Any]) -> None:
+    """Each file's size and SHA-256 against the manifest (caches written before these were recorded
+    are only checked by loading them)."""
+    for file, size in manifest.get("bytes", {}).items():
+        actual = (directory / file).stat().st_size
+        if actual != size:
+            raise CacheError(f"{directory / file} has {actual} bytes, its manifest says {size}")
+    for file, digest in manifest.get("sha256", {}).items():
+        if file_sha256(directory / file) != digest:
+            raise CacheError(f"{directory / file} does not match the checksum in its manifest")
+
+
 def _load(directory: Path) -> datasets.Dataset:
     manifest = json.loads((directory / _MANIFEST).read_text())
+    _check_files(directory, manifest)
     if not manifest["files"]:  # an empty split: map writes no file
         return datasets.Dataset.from_dict({name: [] for name in _FEATURES}, features=_FEATURES)
     parts = [datasets.Dataset.from_file(str(directory / file)) for file in manifest["files"]]
     encoded = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     if encoded.num_rows != manifest["rows"]:
-        raise RuntimeError(
+        raise CacheError(
             f"token cache {directory} holds {encoded.num_rows} rows, its manifest says {manifest['rows']}"
         )
     return encoded

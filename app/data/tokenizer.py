@@ -1,5 +1,8 @@
 """SentencePiece subword tokenizers with fixed special ids and a content-keyed on-disk cache.
 
+A cached model heals: its SHA-256 is written beside it (``<model>.sha256``), and a model that fails to
+load or to match it is moved aside (``<model>.corrupt-<time>``) and trained again, with a warning.
+
 The special ids are the same for every model this toolkit trains, so model code can rely on them
 (e.g. ``padding_idx=PAD_ID``) without looking at the tokenizer.
 """
@@ -10,6 +13,7 @@ import hashlib
 import io
 import itertools
 import json
+import logging
 import os
 import re
 import tempfile
@@ -22,6 +26,7 @@ import numpy as np
 import sentencepiece as spm
 
 from app.data.corpus import TextColumn, TextDigest
+from app.io import atomic_write, file_sha256, move_aside
 from app.ranks import launched_as_local_zero, wait_for_file
 
 __all__ = [
@@ -46,6 +51,8 @@ BOS_ID = 2
 """Beginning of sentence; added by the model code, not by ``encode``."""
 EOS_ID = 3
 """End of sentence; added by the model code, not by ``encode``."""
+
+log = logging.getLogger(__name__)
 
 MODEL_TYPES = ("unigram", "bpe")
 _SPECIAL_IDS = frozenset({PAD_ID, BOS_ID, EOS_ID})
@@ -355,13 +362,30 @@ def _publish_once(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spm-tmp-") as tmp_dir:
         tmp_path = Path(tmp_dir) / path.name
-        tmp_path.write_bytes(data)
+        with open(tmp_path, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         try:
             os.link(tmp_path, path)
-        except FileExistsError:
-            pass
+        except FileExistsError:  # another process published first: theirs (and its checksum) stays
+            return
         except OSError:  # a file system without hard links: fall back to an atomic rename
             os.replace(tmp_path, path)
+    with atomic_write(_checksum_path(path), "w") as handle:  # after the model: readers check it if present
+        handle.write(hashlib.sha256(data).hexdigest() + "\n")
+
+
+def _checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _load_checked(path: Path) -> Tokenizer:
+    """A cached model, checked against the SHA-256 written beside it (when there is one)."""
+    checksum = _checksum_path(path)
+    if checksum.is_file() and checksum.read_text().strip() != file_sha256(path):
+        raise TokenizerError(f"{path} does not match its checksum {checksum}")
+    return Tokenizer.from_file(path)
 
 
 def _train_or_load_one(
@@ -369,12 +393,22 @@ def _train_or_load_one(
 ) -> Tokenizer:
     """Load the cached model; train it first on the node's first process, wait for it on the others."""
     path = _model_path(cache_dir, config, corpus_key, side, parts)
-    if not path.is_file():
-        if launched_as_local_zero():
-            _publish_once(path, _train_model_proto(parts, config))
-        else:
-            wait_for_file(path)
-    return Tokenizer.from_file(path)
+    if path.is_file():
+        try:
+            return _load_checked(path)
+        except (TokenizerError, RuntimeError, OSError) as err:  # truncated, empty, overwritten
+            if not launched_as_local_zero():
+                raise TokenizerError(f"cached tokenizer {path} is unreadable ({err})") from err
+            aside = move_aside(path)
+            _checksum_path(path).unlink(missing_ok=True)
+            log.warning(
+                "cached tokenizer %s is unreadable (%s): moved to %s, training it again", path, err, aside
+            )
+    if launched_as_local_zero():
+        _publish_once(path, _train_model_proto(parts, config))
+    else:
+        wait_for_file(path)
+    return _load_checked(path)
 
 
 def train_or_load(

@@ -11,12 +11,16 @@ go to standard error, so standard output stays the translations.
 ``MODEL`` is a checkpoint (torch engine) or a directory from ``scripts/export.py --format ct2`` (CTranslate2);
 ``--ensemble CKPT`` (repeatable) decodes MODEL and CKPT together, their per-token distributions averaged;
 ``--format jsonl`` writes one JSON object per input line instead of text (see :func:`jsonl_record`).
+In a pipe it behaves like other Unix filters: ``--buffer-size 1`` answers each line as soon as it is read
+(a program that writes one line and waits gets its answer), and a reader that stops early
+(``translate.py ... | head -1``) ends the run quietly with status 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -46,6 +50,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-o", "--output", help="write translations to this file instead of standard output")
     parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy search (default 5)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default 64)")
+    parser.add_argument(
+        "--buffer-size",
+        type=int,
+        metavar="N",
+        help="read N input lines before translating them and writing their answers; 1 answers each "
+        "line as soon as it arrives (default: 1 on a terminal, else 8 x --batch-size)",
+    )
     parser.add_argument("--max-len", type=int, default=256, help="most output subwords per sentence")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -148,8 +159,11 @@ def decode_lines(raw: BinaryIO, warn: TextIO) -> Iterator[str]:
             yield line.decode("utf-8", errors="replace")
 
 
-def chunks(lines: Iterable[str], size: int, flush_each: bool) -> Iterator[list[str]]:
-    """Groups of ``size`` lines; single lines when interactive so each answer comes at once."""
+def chunks(lines: Iterable[str], size: int, flush_each: bool = False) -> Iterator[list[str]]:
+    """Groups of ``size`` lines (the last may be shorter); single lines with ``flush_each``. A group is
+    handed on as soon as it is complete: nothing waits for lines beyond it."""
+    if size < 1:
+        raise ValueError(f"--buffer-size must be >= 1, got {size}")
     group: list[str] = []
     for line in lines:
         group.append(line)
@@ -205,10 +219,16 @@ def translate_stream(
     interactive: bool = False,
     plots: PlotSettings | None = None,
     jsonl: bool = False,
+    buffer_size: int | None = None,
 ) -> int:
-    """Translate ``lines`` to ``out``, one line each; returns how many lines were written."""
+    """Translate ``lines`` to ``out``, one line each; returns how many lines were written.
+
+    Lines are read ``buffer_size`` at a time (default ``8 * settings.batch_size``; 1 when
+    ``interactive``), each group translated and flushed to ``out`` before the next is read.
+    """
     written = 0
-    for group in chunks(lines, settings.batch_size * 8, flush_each=interactive):
+    size = buffer_size or (1 if interactive else settings.batch_size * 8)
+    for group in chunks(lines, size):
         offset = written
 
         def warn_truncated(index: int, length: int, offset: int = offset) -> None:
@@ -237,6 +257,8 @@ def translate_stream(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.buffer_size is not None and args.buffer_size < 1:
+            raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
         settings = search_settings(args)
         engine = open_engine(
             args.checkpoint,
@@ -274,11 +296,27 @@ def main(argv: list[str] | None = None) -> int:
                     interactive=interactive,
                     plots=plots,
                     jsonl=args.format == "jsonl",
+                    buffer_size=args.buffer_size,
                 )
     except ValueError as err:  # e.g. an attention layer or head the model lacks, a line count mismatch
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`| head -1`): nothing more to do
+        silence_stdout()
+        return 0
     return 0
+
+
+def silence_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's final flush of what the closed pipe
+    did not take raises no second BrokenPipeError ("Exception ignored ..." on stderr)."""
+    try:
+        fileno = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's capture): nothing to flush
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fileno)
+    os.close(devnull)
 
 
 @contextmanager

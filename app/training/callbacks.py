@@ -16,6 +16,8 @@ import torch
 from pytorch_lightning.callbacks import Timer
 
 from app.data.batch import Batch
+from app.data.corpus import TextDigest
+from app.data.encoded import text_column
 from app.training.distributed import gather_objects
 from app.training.optim import Schedule
 
@@ -206,21 +208,41 @@ class RngState(pl.Callback):
 
 
 def rng_states() -> dict[str, Any]:
-    """This process's generator states: torch, CUDA (every device), numpy, python."""
+    """This process's generator states: torch, CUDA (every device), numpy, python.
+
+    Only tensors, numbers and tuples, so a checkpoint holding them opens with ``weights_only=True``
+    (numpy's state is an array, stored here as a tensor: see :func:`numpy_state`).
+    """
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": np.random.get_state(),
+        "numpy": numpy_state(),
         "python": random.getstate(),
     }
 
 
+def numpy_state() -> dict[str, Any]:
+    """``np.random.get_state()`` without numpy objects: the MT19937 key as an int64 tensor."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "kind": str(kind),
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+
+
 def set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what :func:`rng_states` returned."""
+    """Restore what :func:`rng_states` returned (or the numpy tuple older checkpoints hold)."""
     torch.set_rng_state(states["torch"])
     if states["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-    np.random.set_state(states["numpy"])
+    state = states["numpy"]
+    if isinstance(state, dict):
+        keys = np.asarray(state["keys"].numpy(), dtype=np.uint32)
+        state = (state["kind"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"])
+    np.random.set_state(state)
     random.setstate(states["python"])
 
 
@@ -240,6 +262,72 @@ def tokens_digest(batch: Batch) -> str:
         digest.update(str(tuple(ids.shape)).encode())
         digest.update(ids.cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+class DataFingerprint(pl.Callback):
+    """Refuses to resume on other data: every checkpoint holds the SHA-256 of the training and validation
+    texts (both sides) and of both sentencepiece models, and a resume whose own differ fails, naming what
+    changed. A changed corpus or tokenizer with the same vocabulary size would otherwise resume silently,
+    with ids that now mean other subwords and a sampler position in another batch order. Checkpoints
+    written before this callback hold no fingerprint and resume unchecked.
+    """
+
+    def __init__(self) -> None:
+        self.fingerprint: dict[str, str] = {}
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            translator = pl_module.translator
+            corpora = trainer.datamodule.corpora
+            self.fingerprint = data_fingerprint(corpora, translator.src_tokenizer, translator.tgt_tokenizer)
+
+    def state_dict(self) -> dict[str, str]:
+        return dict(self.fingerprint)
+
+    def load_state_dict(self, state_dict: dict[str, str]) -> None:
+        if not self.fingerprint:  # not fitting (trainer.validate/test from a checkpoint): nothing to resume
+            return
+        changed = fingerprint_changes(state_dict, self.fingerprint)
+        if changed:
+            raise ValueError(
+                f"cannot resume: the checkpoint was trained on other data ({'; '.join(changed)}). Resuming "
+                f"would continue with ids that mean other subwords; restore the original files, or start a "
+                f"new run in another directory (hydra.run.dir=...)"
+            )
+
+
+def data_fingerprint(corpora: dict[str, Any], src_tokenizer: Any, tgt_tokenizer: Any) -> dict[str, str]:
+    """SHA-256 of the train and valid texts (``<split>.src``/``.tgt``) and of the two tokenizer models."""
+    found = {}
+    for split in ("train", "valid"):
+        if split in corpora:
+            for side in ("src", "tgt"):
+                digest = TextDigest()
+                text_column(corpora[split], side).update_digest(digest)
+                found[f"{split}.{side}"] = digest.hexdigest()
+    found["src_tokenizer"] = hashlib.sha256(src_tokenizer.to_bytes()).hexdigest()
+    found["tgt_tokenizer"] = hashlib.sha256(tgt_tokenizer.to_bytes()).hexdigest()
+    return found
+
+
+_FINGERPRINT_NAMES = {
+    "train.src": "the training source texts",
+    "train.tgt": "the training target texts",
+    "valid.src": "the validation source texts",
+    "valid.tgt": "the validation target texts",
+    "src_tokenizer": "the source sentencepiece model",
+    "tgt_tokenizer": "the target sentencepiece model",
+}
+
+
+def fingerprint_changes(saved: dict[str, str], current: dict[str, str]) -> list[str]:
+    """What differs between a checkpoint's fingerprint and this run's, in words (empty: nothing)."""
+    return [
+        f"{_FINGERPRINT_NAMES.get(name, name)} changed (sha256 {value[:12]} in the checkpoint, "
+        f"{current[name][:12] if name in current else 'none'} now)"
+        for name, value in sorted(saved.items())
+        if current.get(name) != value
+    ]
 
 
 class BatchTrace(pl.Callback):

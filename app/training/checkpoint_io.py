@@ -12,7 +12,10 @@ from app.checkpoint import read_checkpoint, save_atomically
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Never leaves a partial checkpoint behind, even when training is killed mid-write; a resume from
     a missing, truncated or foreign file fails with :class:`app.checkpoint.CheckpointError` naming it,
-    not with a traceback from deep inside ``torch.load``."""
+    not with a traceback from deep inside ``torch.load``. Reading is always weights-only, whatever
+    ``weights_only`` Lightning passes: a checkpoint that would need more is refused
+    (:func:`app.checkpoint.read_checkpoint`); everything Lightning and this project's callbacks store
+    (loops, optimizer and scheduler states, callback states, random states) is plain data."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         save_atomically(checkpoint, path)

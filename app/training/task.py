@@ -33,6 +33,7 @@ from app.training.callbacks import (
     NO_TIME_BUDGET,
     BatchSamplerEpoch,
     BatchTrace,
+    DataFingerprint,
     DecayToTimeBudget,
     ElapsedTime,
     RngState,
@@ -63,12 +64,23 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Every rank of a distributed run executes this; only global rank 0 evaluates and writes results.
     """
+    check_mandatory_keys(cfg)
     check_selection(cfg)
     check_schedule(cfg)
     finished = finished_results(cfg)
     if finished is not None:
         return finished
     return fit_and_evaluate(build_fit(cfg), cfg)
+
+
+def check_mandatory_keys(cfg: DictConfig) -> None:
+    """Fail before anything runs, naming by path every mandatory value (``???``) the config leaves unset."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(
+            f"mandatory config value(s) not set: {', '.join(missing)}; "
+            f"give each on the command line, e.g. {missing[0]}=..."
+        )
 
 
 def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
@@ -262,6 +274,7 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
         BatchSamplerEpoch(),
         SamplerPosition(),
         RngState(cfg.seed),
+        DataFingerprint(),
         SameRunDirectory(run_dir),
         ElapsedTime(),
     ]

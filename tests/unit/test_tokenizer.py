@@ -117,7 +117,8 @@ def test_cache_hit_does_not_retrain(
     assert len(count_trainings) == 1
     assert model_file.stat().st_mtime_ns == mtime
     assert again.to_bytes() == first.to_bytes()
-    assert [p.name for p in tmp_path.iterdir()] == [model_file.name]  # no temp files left behind
+    # no temp files left behind; the model's checksum beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [model_file.name, f"{model_file.name}.sha256"]
 
 
 @pytest.mark.parametrize(
