@@ -22,7 +22,8 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from app.checkpoint import model_checkpoint, save_atomically  # noqa: E402
-from app.data.tokenizer import SubwordConfig, train_or_load  # noqa: E402
+from app.data.subword_training import train_or_load  # noqa: E402
+from app.data.tokenizer import SubwordConfig  # noqa: E402
 from app.models import build_model  # noqa: E402
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "multi30k"

@@ -13,7 +13,8 @@ from helpers.training import REPO_ROOT, read_gz_lines
 
 from app.attention.config import site_specs
 from app.checkpoint import model_checkpoint, save_atomically
-from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
+from app.data.subword_training import train_or_load
+from app.data.tokenizer import SubwordConfig, Tokenizer
 from app.models import Transformer, build_model
 
 FIXTURE_DIR = REPO_ROOT / "tests" / "fixtures" / "multi30k"

@@ -21,7 +21,8 @@ from app.data.concat import concat_corpora, subword_symbols
 from app.data.datamodule import TranslationDataModule
 from app.data.encoded import text_column
 from app.data.sources import load_corpora
-from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, settings_from_config, train_or_load
+from app.data.subword_training import train_or_load
+from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, settings_from_config
 from app.hardware import machine_description, resolve_precision
 from app.inference.engine import SearchSettings
 from app.inference.run_scoring import score_run

@@ -13,7 +13,8 @@ from helpers.training import read_gz_lines
 
 from app.data.corpus import open_parallel
 from app.data.encoded import encode_split
-from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
+from app.data.subword_training import train_or_load
+from app.data.tokenizer import SubwordConfig, Tokenizer
 
 SRC = ["Ein Hund läuft.", "Zwei Männer spielen Fußball im Park.", "Eine Frau.", "Kinder"] * 50
 TGT = ["A dog runs.", "Two men play football in the park.", "A woman.", "Children playing"] * 50
@@ -104,7 +105,7 @@ def test_a_damaged_tokenizer_cache_is_moved_aside_and_retrained(
     first = load()
     (model,) = tmp_path.glob("*.model")
     damage(model)
-    with caplog.at_level(logging.WARNING, logger="app.data.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="app.data.subword_training"):
         again = load()
     assert again.to_bytes() == first.to_bytes()  # the same settings and texts: the same model
     assert f"cached tokenizer {model} is unreadable" in caplog.text

@@ -8,7 +8,8 @@ import datasets
 import pytest
 
 from app.data.concat import SEPARATOR, concat_pairs, group_starts, split_at_separator, subword_symbols
-from app.data.tokenizer import SubwordConfig, train_or_load
+from app.data.subword_training import train_or_load
+from app.data.tokenizer import SubwordConfig
 from app.inference.metrics import corpus_scores, joined_scores
 
 

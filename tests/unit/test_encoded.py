@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader
 from app.data.batch import Collator
 from app.data.corpus import CorpusError, keep_mask, open_parallel
 from app.data.encoded import EncodedPairs, encode_split, text_column
+from app.data.subword_training import _training_sentences, train_or_load
 from app.data.synthetic import synthetic_pairs, write_synthetic_corpus
-from app.data.tokenizer import SubwordConfig, Tokenizer, _training_sentences, train_or_load
+from app.data.tokenizer import SubwordConfig, Tokenizer
 
 SRC = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball im Park.", "Eine Frau.", "Kinder"]
 TGT = ["A dog runs.", "", "Two men play football in the park.", "A woman.", "Children playing outside now"]

@@ -13,7 +13,8 @@ from helpers.models import TINY_TRANSFORMER
 from helpers.rnn import tiny_rnn
 
 from app.checkpoint import CheckpointError
-from app.data.tokenizer import SubwordConfig, Tokenizer, train_or_load
+from app.data.subword_training import train_or_load
+from app.data.tokenizer import SubwordConfig, Tokenizer
 from app.decoding import beam_hypotheses, greedy_hypotheses, output_limits
 from app.inference.engine import SearchSettings
 from app.inference.translator import load_translator

@@ -9,6 +9,7 @@ import sentencepiece as spm
 from helpers.training import read_gz_lines
 
 from app.data import tokenizer as tokenizer_module
+from app.data.subword_training import train_or_load
 from app.data.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -18,7 +19,6 @@ from app.data.tokenizer import (
     Tokenizer,
     TokenizerError,
     settings_from_config,
-    train_or_load,
 )
 
 SLICE = 2000
