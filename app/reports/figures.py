@@ -127,3 +127,23 @@ def tradeoff_png(rows: list[dict[str, Any]], x_key: str, x_label: str) -> bytes:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return png_bytes(fig)
+
+
+def lengths_png(found: dict[str, list[Any]], metrics: dict[str, tuple[str, bool]]) -> bytes:
+    """Each metric against the input length (``data.concat``, log scale), one line per variant.
+
+    ``found`` maps a variant to its :class:`~app.reports.lengths.LengthPoint` s; unfinished points are gaps.
+    """
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8))
+    for ax, (key, (label, _)) in zip(axes, metrics.items(), strict=True):
+        for index, (name, lengths) in enumerate(found.items()):
+            done = [p for p in lengths if p.row is not None and p.row.get(key) is not None]
+            xs, ys = [p.length for p in done], [p.row[key] for p in done]
+            if xs:
+                ax.plot(xs, ys, "o-", color=f"C{index % 10}", label=name)
+        ax.set(xscale="log", xlabel="sentence pairs per example (data.concat)", ylabel=label, title=label)
+        ax.grid(alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return png_bytes(fig)

@@ -18,6 +18,8 @@ from typing import Any
 
 from app.inference.plot import comparison_figure
 from app.reports import figures
+from app.reports.lengths import METRICS as LENGTH_METRICS
+from app.reports.lengths import length_section
 from app.reports.measurements import (
     ATTENTION_CACHE,
     ATTENTION_SENTENCE,
@@ -55,6 +57,7 @@ COLUMNS = (
 HEADLINE = ("variant", "params", "steps", "BLEU (mean ± std)", "vs baseline (95% CI)", "p sentences",
             "95% interval over seeds", "p seeds", "decode sent/s greedy / beam 5")  # fmt: skip
 REPORT_FILES = ("report.md", "report.html", "report.csv", "report.json")
+LENGTHS_PNG = "lengths.png"  # a length sweep's metrics against the input length
 
 
 def variant_row(
@@ -255,16 +258,25 @@ def write_report(
         log.warning(warning)
     blocks: list[Block] = [Heading(TITLE), Warnings(warnings)]
     all_rows: list[dict[str, Any]] = []
+    rows_by_group: list[list[dict[str, Any]]] = []
     figure_paths: list[Path] = []
     for number, group in enumerate(groups, start=1):
         rows, section, pngs = group_section(
             number, group, out_dir, baseline=baseline, decode_limit=decode_limit, remeasure=remeasure
         )
+        rows_by_group.append(rows)
         all_rows += [{"group": number, **row} for row in rows]
         blocks += section
         for name, data in pngs.items():
             (out_dir / name).write_bytes(data)
             figure_paths.append(out_dir / name)
+    base = pick_baseline(groups[0].variants, baseline) if groups else None
+    across = length_section(groups, rows_by_group, base.name) if base else None
+    if across is not None:  # a length sweep: the groups lined up by input length
+        section, found = across
+        (out_dir / LENGTHS_PNG).write_bytes(figures.lengths_png(found, LENGTH_METRICS))
+        figure_paths.append(out_dir / LENGTHS_PNG)
+        blocks += [*section, Images({LENGTHS_PNG: (out_dir / LENGTHS_PNG).read_bytes()})]
     paths = [out_dir / name for name in REPORT_FILES]
     paths[0].write_text(render_markdown(blocks), encoding="utf-8")
     paths[1].write_text(render_html(TITLE, blocks), encoding="utf-8")

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 from omegaconf import OmegaConf
 
 from app.attention.config import describe_attention
+from app.data.concat import concat_pairs
 from app.data.corpus import read_parallel
 from app.reports.runs import RunRecord, is_run_dir, read_run
 from app.rundir import CONFIG, RESULTS
@@ -26,6 +28,7 @@ HELD_EQUAL = {
     "data": ("data.dir", "data.files", "data.hub", "data.src_lang", "data.tgt_lang", "data.subword"),
     "model size": ("model.",),
     "budget": ("trainer.max_time", "trainer.max_steps", "trainer.max_epochs"),
+    "input length": ("data.concat",),  # a length sweep: one group per length (app/reports/lengths.py)
 }
 
 
@@ -185,6 +188,10 @@ def test_texts(run: RunRecord) -> tuple[list[str], list[str]] | None:
     if not src or not tgt or not Path(src).is_file() or not Path(tgt).is_file():
         return None
     text = read_parallel(src, tgt)
+    k = int(OmegaConf.select(config, "data.concat", default=1) or 1)
+    if k > 1:  # the run translated joined examples: compare it with joined references
+        joined = concat_pairs(datasets.Dataset.from_dict({"src": text.src, "tgt": text.tgt}), k)
+        return list(joined["src"]), list(joined["tgt"])
     return list(text.src), list(text.tgt)
 
 

@@ -1,0 +1,160 @@
+"""The ablation across input lengths: the same variants trained at several ``data.concat`` lengths.
+
+A sweep over ``data.concat=K`` gives one group per length (:data:`~app.reports.variants.HELD_EQUAL`
+keeps lengths apart: their BLEU is not comparable). When every other held setting is equal, this
+module lines the groups up by length: per variant, test BLEU, training tokens/s, peak memory and
+greedy decoding speed at each length, and, per variant, the first length at which it overtakes the
+baseline in speed and in memory on the machine that ran it, with what it costs in BLEU there (the
+group's own paired tests against its baseline). A job that failed (out of memory, say) is shown as
+failed at its length, never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.reports.render import Block, Bullets, Heading, Paragraph, Table
+from app.reports.variants import Group, attention_name
+
+LENGTH_KEY = "data.concat"
+METRICS = {  # report-row column -> (what the length table calls it, higher is better)
+    "bleu": ("BLEU", True),
+    "train_tokens_per_s": ("train tokens/s", True),
+    "peak_mb": ("peak MB", False),
+    "decode_sent_s_greedy": ("decode sent/s", True),
+}
+
+
+@dataclass(frozen=True)
+class LengthPoint:
+    """One variant at one length: its report row, or how its jobs ended when none finished."""
+
+    length: int
+    row: dict[str, Any] | None
+    status: str = "finished"
+
+
+def group_length(group: Group) -> int:
+    """Sentence pairs per example of a group's runs (``data.concat``; 1 when the config has none)."""
+    return int(group.held.get("input length", {}).get(LENGTH_KEY) or 1)
+
+
+def lined_up(groups: list[Group]) -> list[int] | None:
+    """Indices of the groups ordered by length, when they differ in length and nothing else held equal
+    (data, model size, budget); None otherwise (nothing to line up)."""
+    if len(groups) < 2:
+        return None
+    others = [{k: v for k, v in g.held.items() if k != "input length"} for g in groups]
+    lengths = [group_length(g) for g in groups]
+    if any(o != others[0] for o in others) or len(set(lengths)) != len(lengths):
+        return None
+    return sorted(range(len(groups)), key=lambda i: lengths[i])
+
+
+def points(
+    groups: list[Group], rows: list[list[dict[str, Any]]], order: list[int]
+) -> dict[str, list[LengthPoint]]:
+    """Every variant's points, by length (report rows of each group; failed jobs as failed points)."""
+    found: dict[str, list[LengthPoint]] = {}
+    for index in order:
+        group, length = groups[index], group_length(groups[index])
+        for row in rows[index]:
+            row = {**row, "peak_mb": row.get("peak_gpu_mb") or row.get("peak_rss_mb")}
+            found.setdefault(row["variant"], []).append(LengthPoint(length, row))
+        finished = {row["variant"] for row in rows[index]}
+        for run in group.incomplete:
+            name = attention_name(run.config.get("attention", {}))
+            if name not in finished:
+                found.setdefault(name, []).append(LengthPoint(length, None, run.status))
+                finished.add(name)
+    return found
+
+
+def crossover(
+    mine: list[LengthPoint], base: list[LengthPoint], key: str, higher: bool
+) -> tuple[LengthPoint, dict[str, Any]] | None:
+    """The first length at which ``mine`` beats ``base`` on ``key`` (both finished there), with the
+    baseline's row at that length."""
+    base_at = {p.length: p.row for p in base if p.row is not None}
+    for point in mine:
+        other = base_at.get(point.length)
+        if point.row is None or other is None or point.row.get(key) is None or other.get(key) is None:
+            continue
+        if (point.row[key] > other[key]) if higher else (point.row[key] < other[key]):
+            return point, other
+    return None
+
+
+def cost_at(found: tuple[LengthPoint, dict[str, Any]] | None) -> str:
+    """``K=64: -1.20 BLEU (p 0.03 *, seeds p 0.2)``, or ``never`` where the variant does not overtake.
+
+    The difference is the paired test's where the group has one (two seeds or more), else the
+    difference of the mean BLEU, said to be untested."""
+    if found is None:
+        return "never (at the lengths swept)"
+    point, base = found
+    row = point.row or {}
+    if row.get("delta_bleu") is not None:
+        star = " *" if row.get("significant") else ""
+        seeds = f", seeds p {row['p_value_seeds']}" if row.get("p_value_seeds") is not None else ""
+        return f"K={point.length}: {row['delta_bleu']:+.2f} BLEU (p {row['p_value']}{star}{seeds})"
+    if row.get("bleu") is None or base.get("bleu") is None:
+        return f"K={point.length}"
+    return f"K={point.length}: {row['bleu'] - base['bleu']:+.2f} BLEU (mean difference, untested: one seed)"
+
+
+def metric_table(found: dict[str, list[LengthPoint]], lengths: list[int], key: str, label: str) -> Table:
+    """One row per variant, one column per length: the metric, or the job's status where none finished."""
+    lines = []
+    for name, series in found.items():
+        by_length = {p.length: p for p in series}
+        cells = []
+        for length in lengths:
+            point = by_length.get(length)
+            value = None if point is None or point.row is None else point.row.get(key)
+            cells.append(
+                point.status
+                if point is not None and point.row is None
+                else "-"
+                if value is None
+                else f"{value:,}"
+            )
+        lines.append([name, *cells])
+    return Table((label, *(f"K={k}" for k in lengths)), lines)
+
+
+def crossover_lines(found: dict[str, list[LengthPoint]], baseline: str) -> list[str]:
+    """Per variant: where it overtakes the baseline in training speed and in memory, and its BLEU there."""
+    base = found.get(baseline, [])
+    lines = []
+    for name, series in found.items():
+        if name == baseline:
+            continue
+        speed = crossover(series, base, "train_tokens_per_s", higher=True)
+        memory = crossover(series, base, "peak_mb", higher=False)
+        lines.append(f"{name}: faster to train from {cost_at(speed)}; leaner from {cost_at(memory)}")
+    return lines
+
+
+def length_section(
+    groups: list[Group], rows: list[list[dict[str, Any]]], baseline: str
+) -> tuple[list[Block], dict[str, list[LengthPoint]]] | None:
+    """The report's "across input lengths" part, and its points for the figure; None when the groups do
+    not line up by length."""
+    order = lined_up(groups)
+    if order is None:
+        return None
+    lengths = [group_length(groups[i]) for i in order]
+    found = points(groups, rows, order)
+    blocks: list[Block] = [
+        Heading("Across input lengths", level=2),
+        Paragraph(
+            f"Groups {', '.join(str(i + 1) for i in order)} differ only in `{LENGTH_KEY}` (sentence pairs "
+            f"per example: {', '.join(map(str, lengths))}); every other held setting is equal. Baseline: "
+            f"{baseline}. A cell names a job's status where no seed finished."
+        ),
+        Bullets(crossover_lines(found, baseline)),
+    ]
+    blocks += [metric_table(found, lengths, key, label) for key, (label, _) in METRICS.items()]
+    return blocks, found

@@ -1,0 +1,75 @@
+"""The ablation report across input lengths: groups lined up by ``data.concat``, crossovers, failed jobs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from app.data.concat import SEPARATOR
+from app.reports.report import LENGTHS_PNG, write_report
+from app.reports.variants import group_runs, sweep_runs
+
+REFS = ["a dog runs in the park .", "two men sit on a bench .", "a woman reads a big book .", "kids play ."]
+KERNELS = {"eager": {"kernel": "eager"}, "linformer": {"kernel": "linformer", "k": 8, "max_len": 64},
+           "sdpa": {"kernel": "sdpa"}}  # fmt: skip
+# (train tokens/s, peak RSS MB) by kernel and length: linformer overtakes eager's speed at K=4,
+# its memory at K=2
+COSTS = {("eager", 1): (900, 300), ("eager", 2): (800, 400), ("eager", 4): (500, 800),
+         ("linformer", 1): (700, 320), ("linformer", 2): (700, 350), ("linformer", 4): (650, 360),
+         ("sdpa", 1): (950, 250), ("sdpa", 2): (900, 280)}  # fmt: skip
+
+
+def joined(lines: list[str], k: int) -> list[str]:
+    return [f" {SEPARATOR} ".join(lines[i : i + k]) for i in range(0, len(lines), k)]
+
+
+def make_job(sweep: Path, data: Path, kernel: str, k: int) -> None:
+    run = sweep / f"attention={kernel},data.concat={k}"
+    (run / ".hydra").mkdir(parents=True)
+    files = {"test": {"src": str(data / "test.de"), "tgt": str(data / "test.en")}}
+    config = {"seed": 1, "attention": KERNELS[kernel], "trainer": {"max_time": "00:00:01:00"},
+              "model": {"family": "transformer", "d_model": 32, "num_heads": 4, "decoder_layers": 2},
+              "data": {"files": files, "concat": k}}  # fmt: skip
+    (run / ".hydra" / "config.yaml").write_text(json.dumps(config))
+    (run / "train.log").write_text("")
+    if (kernel, k) not in COSTS:  # sdpa at K=4 ran out of memory
+        (run / "FAILED").write_text("exit 1: RuntimeError: out of memory\n")
+        return
+    tokens, rss = COSTS[kernel, k]
+    bleu = 30.0 - k - (2.0 if kernel == "linformer" else 0.0)
+    results = {"parameters": 1000, "global_step": 10, "train_tokens_per_s": tokens, "peak_rss_mb": rss,
+               "test_bleu": bleu, "test_bleu_lc": bleu, "test_chrf": bleu}  # fmt: skip
+    (run / "results.json").write_text(json.dumps(results))
+    (run / "test.hyp").write_text("\n".join(joined(REFS, k)) + "\n")
+
+
+def length_sweep(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.de").write_text("\n".join(["x"] * len(REFS)) + "\n")
+    (data / "test.en").write_text("\n".join(REFS) + "\n")
+    sweep = tmp_path / "sweep"
+    for kernel in KERNELS:
+        for k in (1, 2, 4):
+            make_job(sweep, data, kernel, k)
+    return sweep
+
+
+def test_each_length_is_its_own_group(tmp_path: Path) -> None:
+    groups, warnings = group_runs(sweep_runs(length_sweep(tmp_path)))
+    assert sorted(g.held["input length"]["data.concat"] for g in groups) == [1, 2, 4]
+    assert all("input length" in w for w in warnings)
+
+
+def test_the_report_lines_up_the_lengths_and_names_the_crossovers(tmp_path: Path) -> None:
+    sweep = length_sweep(tmp_path)
+    write_report([sweep])
+    text = (sweep / "report.md").read_text()
+    assert "## Across input lengths" in text and (sweep / LENGTHS_PNG).is_file()
+    linformer = next(line for line in text.splitlines() if line.startswith("- linformer"))
+    assert "faster to train from K=4: -2.00 BLEU" in linformer  # 650 > 500 tokens/s at K=4 only
+    assert "leaner from K=2: -2.00 BLEU" in linformer  # 350 < 400 MB
+    assert "- sdpa: faster to train from K=1: +0.00 BLEU" in text
+    tokens = text[text.index("| train tokens/s |") :].split("\n\n")[0]
+    assert "| 900 | 800 | 500 |" in tokens  # eager at K=1, 2, 4
+    assert "| 950 | 900 | failed |" in tokens  # sdpa ran out of memory at K=4: shown, not dropped
