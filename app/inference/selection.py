@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from app.inference.directions import Spans, direction_scores, mean_scores
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.evaluate import evaluate
@@ -54,17 +55,26 @@ def validation_trials(
     references: list[str],
     *,
     device: str | torch.device = "cpu",
+    spans: Spans | None = None,
 ) -> list[Trial]:
-    """Every checkpoint decodes the validation set with every setting of ``grid`` (checkpoints outer)."""
+    """Every checkpoint decodes the validation set with every setting of ``grid`` (checkpoints outer).
+
+    With ``spans`` (a multilingual set, its sources tagged) a trial's scores are the means over directions.
+    """
     if not checkpoints or not grid:
         raise ValueError("validation_trials needs at least one checkpoint and one search setting")
     trials = []
     for checkpoint in checkpoints:
-        engine = open_engine(checkpoint, engine="torch", device=str(device))  # once for the whole grid
+        engine = open_engine(checkpoint, engine="torch", device=str(device), sources_tagged=True)  # once
         for settings in grid:
-            scores = evaluate(engine, sources, references, settings).scores
-            assert scores is not None  # references were given
-            trials.append(Trial(str(checkpoint), settings.beam, settings.alpha, scores.bleu, scores.bleu_lc))
+            evaluation = evaluate(engine, sources, references, settings)
+            if spans is not None:
+                means = mean_scores(direction_scores(evaluation.hypotheses, references, spans))
+                bleu, bleu_lc = means["bleu"], means["bleu_lc"]
+            else:
+                assert evaluation.scores is not None  # references were given
+                bleu, bleu_lc = evaluation.scores.bleu, evaluation.scores.bleu_lc
+            trials.append(Trial(str(checkpoint), settings.beam, settings.alpha, bleu, bleu_lc))
     return trials
 
 
