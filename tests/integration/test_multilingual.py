@@ -12,14 +12,18 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from helpers.models import TINY_TRANSFORMER
 from helpers.server import TIMEOUT, running_server
 from helpers.training import compose_train, logged_column, tiny_overrides
 
+from app.checkpoint import CHECKPOINT_KEY, read_checkpoint, save_atomically
 from app.data.multilingual import DIRECTION_COLUMN, direction_codes, direction_spans, temperature_rows
 from app.data.sources import load_corpora
 from app.inference.cli import main
+from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.languages import TaggedEngine
+from app.inference.translator import Translator
 from app.serving import ServerLimits, create_app
 from app.training.task import subword_tokenizers, train
 
@@ -141,8 +145,6 @@ def test_tgt_lang_chooses_the_tag_and_a_missing_or_unknown_one_names_the_languag
     inner = engine.engine
     original = inner.translate_ids
     inner.translate_ids = lambda sources, settings: seen.extend(sources) or original(sources, settings)
-    from app.inference.engine import SearchSettings
-
     engine.translate(["A man rides a bike.", ""], SearchSettings(beam=1, max_len=20, target_lang="fr"))
     tag_id = inner.src_tokenizer.encode(["<2fr>"])[0][-1]
     assert inner.src_tokenizer.id_to_piece([tag_id]) == ["<2fr>"]
@@ -172,3 +174,39 @@ def test_the_server_takes_target_lang(multilingual_run: tuple[Path, dict[str, An
         assert missing.status_code == 400 and "target languages: de, en, fr" in missing.json()["error"]
         unknown = httpx.post(f"{url}/translate", json={**body, "target_lang": "cs"}, timeout=TIMEOUT)
         assert unknown.status_code == 400 and "'cs'" in unknown.json()["error"]
+
+
+@pytest.mark.slow
+def test_the_ct2_export_carries_the_languages_and_tags_the_source_alike(
+    multilingual_run: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    pytest.importorskip("ctranslate2")
+    from app.export.ct2 import export_ct2
+
+    checkpoint = multilingual_run[0] / "checkpoints" / "best.ckpt"
+    exported = export_ct2(checkpoint, tmp_path / "ct2")
+    assert json.loads((exported / "attn_mt.json").read_text())["directions"] == DIRECTIONS
+    ct2, torch_engine = open_engine(exported), open_engine(checkpoint)
+    assert isinstance(ct2, TaggedEngine) and ct2.languages.directions == tuple(DIRECTIONS)
+    sentences = ["A man rides a bike.", "", "Two dogs play in the snow."]
+    for lang in ("de", "fr"):
+        settings = SearchSettings(beam=1, max_len=20, target_lang=lang)
+        assert ct2.translate(sentences, settings) == torch_engine.translate(sentences, settings)
+
+
+def test_a_bilingual_checkpoint_is_used_as_before(
+    checkpoint_factory: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bilingual.ckpt"
+    checkpoint_factory(path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
+    stored = read_checkpoint(path)
+    stored[CHECKPOINT_KEY]["config"]["data"] = {"src_lang": "de", "tgt_lang": "en"}
+    save_atomically(stored, path)
+    engine = open_engine(path)
+    assert isinstance(engine, Translator) and not engine.languages.tagged
+    assert main([str(path), "--beam", "1", "Ein Hund."]) == 0
+    plain = capsys.readouterr().out
+    assert main([str(path), "--beam", "1", "--tgt-lang", "en", "Ein Hund."]) == 0
+    assert capsys.readouterr().out == plain  # naming its own target changes nothing: no tag
+    assert main([str(path), "--tgt-lang", "fr", "Ein Hund."]) == 2
+    assert "directions de-en" in capsys.readouterr().err
