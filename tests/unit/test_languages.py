@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import datasets
 import numpy as np
 import pytest
@@ -17,6 +19,8 @@ from app.data.multilingual import (
     temperature_probabilities,
 )
 from app.inference.languages import tagged
+from app.reports.runs import RunRecord
+from app.reports.summary import COLUMNS, summary_table
 
 
 def test_directions_parse_from_a_list_or_all() -> None:
@@ -80,3 +84,28 @@ def test_temperature_goes_from_proportional_to_uniform() -> None:
     assert np.allclose(temperature_probabilities(sizes, 1e6), [0.5, 0.5], atol=1e-4)
     with pytest.raises(LanguageError, match="> 0"):
         temperature_probabilities(sizes, 0)
+
+
+def test_the_run_summary_shows_each_direction_under_the_mean() -> None:
+    results = {
+        "parameters": 1_000_000,
+        "test_bleu": 30.0,
+        "test_bleu_lc": 31.0,
+        "test_chrf": 50.0,
+        "test_directions": ["de-en", "en-fr"],
+        "test_bleu/de-en": 35.0,
+        "test_bleu_lc/de-en": 36.0,
+        "test_chrf/de-en": 55.0,
+        "test_bleu/en-fr": 25.0,
+        "test_bleu_lc/en-fr": 26.0,
+        "test_chrf/en-fr": 45.0,
+    }
+    run = RunRecord(Path("runs/ml"), {"model": {}, "attention": {}}, [], results, "")
+    rows = summary_table([run]).rows
+    assert [row[0] for row in rows] == ["ml", "ml de-en", "ml en-fr"]
+    bleu = COLUMNS.index("BLEU")
+    assert [row[bleu] for row in rows] == ["30.00", "35.00", "25.00"]
+    bilingual = RunRecord(
+        Path("runs/bi"), {"model": {}, "attention": {}}, [], results | {"test_directions": []}, ""
+    )
+    assert len(summary_table([bilingual]).rows) == 1
