@@ -140,17 +140,31 @@ def tag_symbols(subword: Mapping[str, Any], directions: Sequence[str] | None) ->
 def tagged_split(dataset: datasets.Dataset, direction: str) -> datasets.Dataset:
     """``dataset``'s pairs with the target tag before each non-blank source, and a ``direction`` column.
 
-    A blank source stays blank (nothing to translate, as in translate.py). The result is an in-memory
-    Arrow table (like :func:`app.data.concat.concat_pairs`).
+    A blank source stays blank (nothing to translate, as in translate.py). A corpus read from files is
+    tagged through ``Dataset.map`` into ``datasets``' cache beside it (memory-mapped, made once); an
+    in-memory one stays in memory.
     """
+    return (
+        dataset.with_format("arrow")
+        .map(
+            _tag_batch,
+            batched=True,
+            batch_size=10_000,
+            fn_kwargs={"direction": direction},
+            desc=f"tagging {direction}",
+        )
+        .with_format(None)
+    )
+
+
+def _tag_batch(batch: pa.Table, direction: str) -> pa.Table:
+    """One batch of :func:`tagged_split`: Arrow string kernels, no Python strings per row."""
     tag = language_tag(parse_direction(direction)[1])
-    table = dataset.with_format("arrow")[:]
-    src, tgt = table["src"].combine_chunks(), table["tgt"].combine_chunks()
+    src = batch["src"].combine_chunks()
     blank = pc.equal(pc.utf8_trim_whitespace(src), "")
     tagged = pc.if_else(blank, src, pc.binary_join_element_wise(f"{tag} ", src, ""))
     name = pa.array([direction] * len(src), pa.string())
-    columns = {"src": tagged, "tgt": tgt, DIRECTION_COLUMN: name}
-    return datasets.Dataset(datasets.table.InMemoryTable(pa.table(columns)))
+    return pa.table({"src": tagged, "tgt": batch["tgt"], DIRECTION_COLUMN: name})
 
 
 def direction_spans(dataset: datasets.Dataset) -> list[tuple[str, int, int]] | None:

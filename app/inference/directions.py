@@ -20,9 +20,11 @@ Spans = Sequence[tuple[str, int, int]]  # (direction, start, stop) rows of each 
 MEAN_METRICS = ("bleu", "bleu_lc", "chrf", "bleu_moses_lc")
 
 
-def direction_scores(hypotheses: Sequence[str], references: Sequence[str], spans: Spans) -> dict[str, Scores]:
-    """Each direction's corpus scores; a span only partly decoded (``None`` hypotheses) is scored on the
-    rows that were."""
+def direction_scores(
+    hypotheses: Sequence[str | None], references: Sequence[str], spans: Spans, *, moses: bool = True
+) -> dict[str, Scores]:
+    """Each direction's corpus scores (``moses``: with the Moses-tokenized lowercased BLEU too); a span
+    only partly decoded (``None`` hypotheses) is scored on the rows that were."""
     scores = {}
     for direction, start, stop in spans:
         pairs = [
@@ -32,7 +34,7 @@ def direction_scores(hypotheses: Sequence[str], references: Sequence[str], spans
         ]
         if pairs:
             hyps, refs = map(list, zip(*pairs, strict=True))
-            scores[direction] = corpus_scores(hyps, refs, parse_direction(direction)[1])
+            scores[direction] = corpus_scores(hyps, refs, parse_direction(direction)[1] if moses else None)
     return scores
 
 

@@ -69,7 +69,7 @@ def validation_trials(
         for settings in grid:
             evaluation = evaluate(engine, sources, references, settings)
             if spans is not None:
-                means = mean_scores(direction_scores(evaluation.hypotheses, references, spans))
+                means = mean_scores(direction_scores(evaluation.hypotheses, references, spans, moses=False))
                 bleu, bleu_lc = means["bleu"], means["bleu_lc"]
             else:
                 assert evaluation.scores is not None  # references were given

@@ -244,7 +244,8 @@ class TranslationModule(pl.LightningModule):
 
     def _log_directions(self, hyps: dict[int, str], references: list[str], spans: list) -> None:
         """A multilingual validation set: ``val/bleu/de-en`` (etc.) per direction, ``val/bleu`` their mean."""
-        scores = direction_scores([hyps.get(i) for i in range(len(references))], references, spans)
+        decoded = [hyps.get(i) for i in range(len(references))]
+        scores = direction_scores(decoded, references, spans, moses=False)
         for direction, found in scores.items():
             self.log(f"val/bleu/{direction}", found.bleu)
             self.log(f"val/bleu_lc/{direction}", found.bleu_lc)
