@@ -211,7 +211,7 @@ def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
     async def translate(body: TranslateRequest, http_request: Request) -> Any:
         """Translate ``sentences``; concurrent requests with the same options share engine calls."""
         try:
-            settings = check_request(body, limits, engine.languages)
+            settings = check_request(body, limits, getattr(engine, "languages", None))
         except Refused as err:
             return error(err.status, str(err))
         work = state["batcher"].translate(body.sentences, settings, limits.request_timeout_s)
