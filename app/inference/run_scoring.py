@@ -96,7 +96,15 @@ def choose_and_score(
     if len(candidates) * len(grid) > 1:
         valid = to_parallel_text(corpora["valid"])
         spans = direction_spans(corpora["valid"])
-        trials = validation_trials(candidates, grid, valid.src, valid.tgt, device=device, spans=spans)
+        trials = validation_trials(
+            candidates,
+            grid,
+            valid.src,
+            valid.tgt,
+            device=device,
+            spans=spans,
+            direction=choice.get("direction"),
+        )
         metric = validation_metric(config)
         chosen = best_trial(trials, metric)
         chosen_checkpoint = chosen.checkpoint

@@ -28,7 +28,7 @@ from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, settin
 from app.hardware import machine_description, resolve_precision
 from app.inference.engine import SearchSettings
 from app.inference.run_scoring import score_run
-from app.inference.selection import check_selection, validation_metric
+from app.inference.selection import check_selection, validation_monitor
 from app.models import build_model
 from app.ranks import launched_as_rank_zero
 from app.rundir import BEST, STEP_STEM, RunDir
@@ -265,7 +265,7 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     best = ModelCheckpoint(
         dirpath=directory,
         filename=Path(BEST).stem,
-        monitor=f"val/{validation_metric(cfg)}",
+        monitor=validation_monitor(cfg),
         mode="max",
         save_last=True,
         save_top_k=1,
@@ -305,7 +305,7 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     if cfg.early_stopping.patience:
         callbacks.append(
             EarlyStopping(
-                monitor=f"val/{validation_metric(cfg)}",
+                monitor=validation_monitor(cfg),
                 mode="max",
                 patience=cfg.early_stopping.patience,
                 check_on_train_epoch_end=False,

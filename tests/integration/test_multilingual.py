@@ -115,6 +115,8 @@ def multilingual_run(four_way: Path, tmp_path_factory: pytest.TempPathFactory) -
         run_dir.parent / "cache",
         f"data.directions=[{','.join(DIRECTIONS)}]",
         "data.sampling_temperature=2",
+        "selection.beam=[1,2]",  # the grid, chosen on en-fr's validation BLEU
+        "selection.direction=en-fr",
         "trainer.max_steps=6",
         "trainer.val_check_interval=6",
     )
@@ -130,6 +132,7 @@ def test_a_multilingual_run_scores_every_direction(multilingual_run: tuple[Path,
     mean = sum(results[f"test_bleu/{d}"] for d in DIRECTIONS) / len(DIRECTIONS)
     assert results["test_bleu"] == pytest.approx(mean, abs=0.01)
     assert results["test_directions"] == DIRECTIONS
+    assert [trial["beam"] for trial in results["selection"]["trials"]] == [1, 2]
     assert json.loads((run_dir / "results.json").read_text())["test_bleu/en-fr"] == results["test_bleu/en-fr"]
     assert (run_dir / "test.hyp").read_text(encoding="utf-8").count("\n") == SLICE["test_2016_flickr"] * 3
 

@@ -19,6 +19,7 @@ from app.data.multilingual import (
     temperature_probabilities,
 )
 from app.inference.languages import tagged
+from app.inference.selection import check_selection, validation_monitor
 from app.reports.runs import RunRecord
 from app.reports.summary import COLUMNS, summary_table
 
@@ -109,3 +110,14 @@ def test_the_run_summary_shows_each_direction_under_the_mean() -> None:
         Path("runs/bi"), {"model": {}, "attention": {}}, [], results | {"test_directions": []}, ""
     )
     assert len(summary_table([bilingual]).rows) == 1
+
+
+def test_selection_may_follow_one_named_direction() -> None:
+    config = {"data": {"directions": ["en-de", "de-en"]}, "selection": {"direction": "en-de"}}
+    check_selection(config)
+    assert validation_monitor(config) == "val/bleu/en-de"
+    assert validation_monitor({"selection": {"metric": "bleu_lc"}}) == "val/bleu_lc"
+    with pytest.raises(ValueError, match="en-de, de-en"):
+        check_selection({**config, "selection": {"direction": "fr-en"}})
+    with pytest.raises(ValueError, match="bilingual"):
+        check_selection({"data": {"src_lang": "de", "tgt_lang": "en"}, "selection": {"direction": "de-en"}})
