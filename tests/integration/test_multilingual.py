@@ -23,6 +23,7 @@ from app.inference.cli import main
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.languages import TaggedEngine
+from app.inference.run_scoring import rescore_run
 from app.inference.translator import Translator
 from app.serving import ServerLimits, create_app
 from app.training.task import subword_tokenizers, train
@@ -135,6 +136,8 @@ def test_a_multilingual_run_scores_every_direction(multilingual_run: tuple[Path,
     assert [trial["beam"] for trial in results["selection"]["trials"]] == [1, 2]
     assert json.loads((run_dir / "results.json").read_text())["test_bleu/en-fr"] == results["test_bleu/en-fr"]
     assert (run_dir / "test.hyp").read_text(encoding="utf-8").count("\n") == SLICE["test_2016_flickr"] * 3
+    rescored = rescore_run(run_dir, ["selection.direction=null"])  # scripts/rescore.py: by the mean now
+    assert rescored["test_directions"] == DIRECTIONS and "test_bleu/de-en" in rescored
 
 
 @pytest.mark.slow
