@@ -16,6 +16,7 @@ from app.data.batch import Collator
 from app.data.batching import TokenBucketBatchSampler
 from app.data.corpus import keep_mask
 from app.data.encoded import EncodedPairs, ResampledPairs, encode_split
+from app.data.multilingual import DIRECTION_COLUMN, direction_codes, direction_spans, temperature_rows
 from app.data.tokenizer import SubwordSampling, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ class TranslationDataModule(pl.LightningDataModule):
     loss, and counted in the log. With ``subword_sampling`` enabled, training batches carry a freshly
     sampled segmentation of each pair (subword regularization); evaluation splits keep the one-best
     segmentation the model is evaluated and used with. ``num_workers`` DataLoader processes read and pad
-    batches off the training process.
+    batches off the training process. A multilingual corpus (a ``direction`` column) mixes its directions'
+    training pairs by ``sampling_temperature`` (:func:`app.data.multilingual.temperature_rows`).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class TranslationDataModule(pl.LightningDataModule):
         num_proc: int = 1,
         num_workers: int = 0,
         subword_sampling: SubwordSampling | None = None,
+        sampling_temperature: float = 1.0,
     ) -> None:
         super().__init__()
         if num_workers < 0:
@@ -79,6 +82,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.cache_dir = Path(cache_dir)
         self.seed, self.num_proc, self.num_workers = seed, num_proc, num_workers
         self.subword_sampling = subword_sampling or SubwordSampling()
+        self.sampling_temperature = sampling_temperature
         self.collate = Collator(
             pad_id=tgt_tokenizer.pad_id, bos_id=tgt_tokenizer.bos_id, eos_id=tgt_tokenizer.eos_id
         )
@@ -92,6 +96,11 @@ class TranslationDataModule(pl.LightningDataModule):
         if self._valid_references is None:
             self._valid_references = self.corpora["valid"].with_format("arrow")["tgt"].to_pylist()
         return self._valid_references
+
+    @property
+    def valid_directions(self) -> list[tuple[str, int, int]] | None:
+        """``(direction, start, stop)`` rows of each direction in the validation set; None: bilingual."""
+        return direction_spans(self.corpora["valid"])
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -124,6 +133,11 @@ class TranslationDataModule(pl.LightningDataModule):
         if self.max_ratio is not None:
             log.info("training pairs: %d more dropped (length ratio > %g)", counts.ratio, self.max_ratio)
         rows = np.flatnonzero(keep)
+        if DIRECTION_COLUMN in self.corpora["train"].column_names:
+            codes, names = direction_codes(self.corpora["train"])
+            rows = temperature_rows(rows, codes[rows], self.sampling_temperature, self.seed)
+            counts = np.bincount(codes[rows], minlength=len(names))
+            log.info("training pairs per direction: %s", dict(zip(names, counts.tolist(), strict=True)))
         if self.subword_sampling.enabled:
             return ResampledPairs(
                 encoded,

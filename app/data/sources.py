@@ -14,12 +14,16 @@ import datasets
 
 from app.data.corpus import CorpusError, open_hub_parallel, open_parallel
 from app.data.multi30k import prepare_multi30k
+from app.data.multilingual import configured_directions, parse_direction
+from app.data.multilingual_corpus import all_files, load_directions
 
 SPLIT_NAMES = ("train", "valid", "test")
 
 
 def _fetch_multi30k(cfg: Mapping[str, Any]) -> None:
-    prepare_multi30k(cfg["dir"], source=cfg.get("source"), langs=sorted({cfg["src_lang"], cfg["tgt_lang"]}))
+    directions = configured_directions(cfg) or [f"{cfg['src_lang']}-{cfg['tgt_lang']}"]
+    langs = sorted({lang for direction in directions for lang in parse_direction(direction)})
+    prepare_multi30k(cfg["dir"], source=cfg.get("source"), langs=langs)
 
 
 # Fetchers prepare missing local files; ``data.fetch`` names one (or null to never fetch).
@@ -30,8 +34,14 @@ def load_corpora(cfg: Mapping[str, Any]) -> dict[str, datasets.Dataset]:
     """Every split named in the config as a ``src`` / ``tgt`` dataset, keyed by 'train', 'valid', 'test'.
 
     The texts stay in memory-mapped Arrow files; nothing here reads a corpus into Python objects.
+    With ``data.directions`` each split is every direction's pairs, tagged and concatenated
+    (:mod:`app.data.multilingual_corpus`).
     """
     cache_dir = cfg.get("cache_dir")
+    directions = configured_directions(cfg)
+    if directions is not None:
+        ensure_files(cfg, all_files(cfg, directions))
+        return load_directions(cfg, directions)
     if cfg.get("hub"):
         return {split: _load_hub_split(cfg["hub"], split, cache_dir) for split in SPLIT_NAMES}
     files = cfg["files"]
@@ -42,9 +52,12 @@ def load_corpora(cfg: Mapping[str, Any]) -> dict[str, datasets.Dataset]:
     }
 
 
-def ensure_files(cfg: Mapping[str, Any]) -> None:
-    """Run the configured fetcher when any corpus file is missing; then every file must exist."""
-    paths = [Path(cfg["files"][split][side]) for split in SPLIT_NAMES for side in ("src", "tgt")]
+def ensure_files(cfg: Mapping[str, Any], files: list[str] | None = None) -> None:
+    """Run the configured fetcher when any corpus file (``files``, else those of ``data.files``) is
+    missing; then every file must exist."""
+    if files is None:
+        files = [cfg["files"][split][side] for split in SPLIT_NAMES for side in ("src", "tgt")]
+    paths = [Path(path) for path in files]
     if all(p.exists() for p in paths):
         return
     fetch = cfg.get("fetch")

@@ -216,3 +216,18 @@ def train_or_load(
     src = _train_or_load_one([src_texts], config, cache_path, corpus_key, "src")
     tgt = _train_or_load_one([tgt_texts], config, cache_path, corpus_key, "tgt")
     return src, tgt
+
+
+def train_or_load_joint(
+    parts: Sequence[Sequence[str]],
+    *,
+    config: SubwordConfig,
+    cache_dir: str | os.PathLike[str],
+    corpus_key: str,
+) -> Tokenizer:
+    """One model for all ``parts`` (a multilingual run's languages), cached as by :func:`train_or_load`."""
+    if not config.joint:
+        raise TokenizerError(
+            "a multilingual run (data.directions) needs one joint model: data.subword.joint=true"
+        )
+    return _train_or_load_one(parts, config, Path(cache_dir), corpus_key, "joint")

@@ -35,6 +35,7 @@ from torch import nn
 
 from app.attention.multihead import MultiHeadAttention
 from app.checkpoint import LoadedModel, load_model
+from app.data.multilingual import Languages
 from app.data.tokenizer import Tokenizer
 from app.models.transformer import DecoderLayer, EncoderLayer, Transformer
 
@@ -87,6 +88,8 @@ def save_ct2(
             "source_checkpoint": source,
             "quantization": quantization,
             "max_positions": loaded.model.max_positions,
+            # a multilingual model's directions; its target tags are source tokens (no target_prefix)
+            "directions": list(Languages.from_config(loaded.config).directions),
             "config": loaded.config,
         }
         (tmp_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str) + "\n")

@@ -59,6 +59,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-len", type=int, default=256, help="most output subwords per sentence")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--tgt-lang",
+        metavar="LANG",
+        help="the language to translate into: needed by a multilingual model (data.directions), "
+        "checked against a bilingual one",
+    )
+    parser.add_argument(
+        "--src-lang", metavar="LANG", help="the input's language, checked against the model's languages"
+    )
     add_engine_args(parser)
     parser.add_argument(
         "--ref",
@@ -126,14 +135,17 @@ def search_settings(args: argparse.Namespace) -> SearchSettings:
         batch_size=args.batch_size,
         nbest=args.nbest,
         sampling=sampling,
+        target_lang=getattr(args, "tgt_lang", None),
     )
 
 
-def jsonl_record(source: str, translations: list[Translation]) -> str:
+def jsonl_record(source: str, translations: list[Translation], target_lang: str | None = None) -> str:
     """One JSON line: the input, its hypotheses (best first) with total and per-token scores and, from
-    the torch engine, the alignment as [target subword, most attended source subword] pairs."""
+    the torch engine, the alignment as [target subword, most attended source subword] pairs; with a
+    ``target_lang`` (``--tgt-lang``), that language too."""
     record = {
         "input": source,
+        **({"target_lang": target_lang} if target_lang else {}),
         "hypotheses": [
             {
                 "text": t.text,
@@ -169,7 +181,8 @@ def translate_group(
     """Output lines for ``group``; with ``plots``, also one heatmap per non-empty line."""
     if jsonl:
         found = engine.translate_nbest(group, settings, on_truncate, details=True)
-        return [jsonl_record(line, hyps) for line, hyps in zip(group, found, strict=True)]
+        lang = settings.target_lang
+        return [jsonl_record(line, hyps, lang) for line, hyps in zip(group, found, strict=True)]
     if plots is None:
         return engine.translate(group, settings, on_truncate=on_truncate)
     from app.inference.plot import plot_file_name, save_attention_plot  # matplotlib: only when plotting
@@ -240,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             ensemble=args.ensemble,
         )
+        if engine.languages is not None:  # a multilingual model needs --tgt-lang; any model checks it
+            engine.languages.tag(args.tgt_lang, args.src_lang)
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

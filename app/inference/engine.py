@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from app.data.multilingual import Languages
 from app.data.tokenizer import Tokenizer
 from app.decoding import Sampling
 
@@ -36,6 +37,7 @@ class SearchSettings:
     batch_size: int = 64  # sentences per search batch
     nbest: int = 1  # hypotheses per sentence: at most ``beam``, or any number of samples
     sampling: Sampling | None = None  # sample instead of searching (``beam`` is then ignored)
+    target_lang: str | None = None  # a multilingual model's output language (None: a bilingual model's own)
 
     def __post_init__(self) -> None:
         if self.beam < 1 or self.batch_size < 1 or self.max_len < 1 or self.nbest < 1:
@@ -74,6 +76,7 @@ class Engine(ABC):
     source: str = "<in memory>"  # what it was loaded from (a checkpoint file, an export directory)
     max_source_tokens: int
     tgt_tokenizer: Tokenizer  # counts output tokens for speed figures
+    languages: Languages | None = None  # the directions it was trained on (set by open_engine)
 
     @property
     def device(self) -> torch.device:

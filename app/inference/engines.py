@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from app.data.multilingual import Languages
 from app.data.tokenizer import Tokenizer
 from app.decoding import output_limits
 from app.export.ct2 import METADATA_FILE, SRC_SPM, TGT_SPM, is_ct2_model_dir
@@ -25,6 +26,7 @@ from app.inference.engine import (
     on_subset,
     split_blank,
 )
+from app.inference.languages import with_languages
 from app.inference.translator import encode_sources, length_sorted_batches, load_translator, pad_batch
 
 ENGINES = ("torch", "ct2")
@@ -35,6 +37,8 @@ class CT2Engine(Engine):
 
     Decodes in the same length-sorted batches with the same per-sentence output limits as the torch
     engine: CTranslate2 takes one limit per call, so each output is cut at its own limit afterwards.
+    A multilingual export's languages come from its metadata; the target-language tag is a source
+    token (:class:`~app.inference.languages.TaggedEngine` adds it), so no ``target_prefix`` is needed.
     """
 
     name = "ct2"
@@ -49,6 +53,7 @@ class CT2Engine(Engine):
         self.tgt_tokenizer = Tokenizer.from_file(directory / TGT_SPM)
         self.max_positions = int(self.metadata["max_positions"])
         self.max_source_tokens = self.max_positions - 1
+        self.languages = Languages.from_config(self.metadata.get("config") or {})
         self.model = ctranslate2.Translator(
             str(directory), device=device, compute_type="default", intra_threads=threads
         )
@@ -149,11 +154,15 @@ def open_engine(
     device: str = "cpu",
     threads: int = 0,
     ensemble: list[str] | None = None,
+    sources_tagged: bool = False,
 ) -> Engine:
     """Load ``path`` (a checkpoint, or a CTranslate2 directory) into the chosen engine.
 
     ``threads`` > 0 sets the CPU threads once, here (torch's intra-op pool, CTranslate2's intra_threads).
     ``ensemble`` checkpoints decode together with ``path`` (torch engine; see :class:`Ensemble`).
+    A multilingual model's engine takes ``settings.target_lang`` and tags the sources itself, unless
+    ``sources_tagged`` (see :func:`~app.inference.languages.with_languages`); ``engine.languages`` says
+    which directions it was trained on.
     """
     chosen = choose_engine(path, engine)
     if ensemble and chosen != "torch":
@@ -163,10 +172,11 @@ def open_engine(
             raise ValueError(
                 f"--engine ct2 needs a directory written by scripts/export.py --format ct2, got {path}"
             )
-        return CT2Engine(path, device=device, threads=threads)
+        ct2 = CT2Engine(path, device=device, threads=threads)
+        return with_languages(ct2, ct2.languages, sources_tagged=sources_tagged)
     if Path(path).is_dir():
         raise ValueError(f"--engine torch needs a .ckpt checkpoint, got the directory {path}")
     if threads > 0:
         torch.set_num_threads(threads)
-    translator, _ = load_translator(path, device=device, ensemble=ensemble or ())
-    return translator
+    translator, config = load_translator(path, device=device, ensemble=ensemble or ())
+    return with_languages(translator, Languages.from_config(config), sources_tagged=sources_tagged)

@@ -29,7 +29,9 @@ from app.checkpoint import (
 )
 from app.data.concat import SEPARATOR, concat_corpora
 from app.data.corpus import to_parallel_text
+from app.data.multilingual import direction_spans
 from app.data.sources import load_corpora
+from app.inference.directions import direction_results
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.evaluate import Evaluation, evaluate
@@ -62,6 +64,10 @@ def score_run(
     """
     evaluation, selection = choose_and_score(config, corpora, best_checkpoint, device=device)
     results = {**evaluation.results(prefix="test_"), **(kept or {}), **selection}
+    spans = direction_spans(corpora["test"])
+    if spans is not None:  # a multilingual run: each direction, and their mean as test_bleu (etc.)
+        references = to_parallel_text(corpora["test"]).tgt
+        results.update(direction_results(evaluation.hypotheses, references, spans, prefix="test_"))
     write_test_results(run, evaluation, results)
     return results
 
@@ -89,7 +95,16 @@ def choose_and_score(
     chosen_checkpoint, selection = candidates[0], {}
     if len(candidates) * len(grid) > 1:
         valid = to_parallel_text(corpora["valid"])
-        trials = validation_trials(candidates, grid, valid.src, valid.tgt, device=device)
+        spans = direction_spans(corpora["valid"])
+        trials = validation_trials(
+            candidates,
+            grid,
+            valid.src,
+            valid.tgt,
+            device=device,
+            spans=spans,
+            direction=choice.get("direction"),
+        )
         metric = validation_metric(config)
         chosen = best_trial(trials, metric)
         chosen_checkpoint = chosen.checkpoint
@@ -99,13 +114,14 @@ def choose_and_score(
         log.info("chosen on validation: %s", json.dumps(selection["selection"]["chosen"]))
     test = to_parallel_text(corpora["test"])
     data = config["data"]
+    multilingual = direction_spans(corpora["test"]) is not None
     evaluation = evaluate(
-        open_engine(chosen_checkpoint, engine="torch", device=str(device)),
+        open_engine(chosen_checkpoint, engine="torch", device=str(device), sources_tagged=True),
         test.src,
         test.tgt,
         settings,
         test_set=data.get("test_name", "test"),
-        target_lang=data.get("tgt_lang"),
+        target_lang=None if multilingual else data.get("tgt_lang"),  # per direction: score_run
         separator=SEPARATOR if data.get("concat", 1) > 1 else None,
     )
     return evaluation, selection

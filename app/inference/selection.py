@@ -16,12 +16,14 @@ from typing import Any
 
 import torch
 
+from app.data.multilingual import configured_directions
+from app.inference.directions import Spans, direction_scores, mean_scores
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.evaluate import evaluate
 
 SELECTION_METRICS = ("bleu", "bleu_lc")  # what validation can maximise: cased or lowercased BLEU
-SELECTION_OPTIONS = ("alpha", "average_last", "beam", "metric")  # the keys of the ``selection`` config
+SELECTION_OPTIONS = ("alpha", "average_last", "beam", "direction", "metric")  # the ``selection`` keys
 
 
 @dataclass(frozen=True)
@@ -54,17 +56,32 @@ def validation_trials(
     references: list[str],
     *,
     device: str | torch.device = "cpu",
+    spans: Spans | None = None,
+    direction: str | None = None,
 ) -> list[Trial]:
-    """Every checkpoint decodes the validation set with every setting of ``grid`` (checkpoints outer)."""
+    """Every checkpoint decodes the validation set with every setting of ``grid`` (checkpoints outer).
+
+    With ``spans`` (a multilingual set, its sources tagged) a trial's scores are the means over directions,
+    or with ``direction`` (``selection.direction``) that direction's own.
+    """
     if not checkpoints or not grid:
         raise ValueError("validation_trials needs at least one checkpoint and one search setting")
     trials = []
     for checkpoint in checkpoints:
-        engine = open_engine(checkpoint, engine="torch", device=str(device))  # once for the whole grid
+        engine = open_engine(checkpoint, engine="torch", device=str(device), sources_tagged=True)  # once
         for settings in grid:
-            scores = evaluate(engine, sources, references, settings).scores
-            assert scores is not None  # references were given
-            trials.append(Trial(str(checkpoint), settings.beam, settings.alpha, scores.bleu, scores.bleu_lc))
+            evaluation = evaluate(engine, sources, references, settings)
+            if spans is not None:
+                scores = direction_scores(evaluation.hypotheses, references, spans, moses=False)
+                if direction is not None:
+                    bleu, bleu_lc = scores[direction].bleu, scores[direction].bleu_lc
+                else:
+                    means = mean_scores(scores)
+                    bleu, bleu_lc = means["bleu"], means["bleu_lc"]
+            else:
+                assert evaluation.scores is not None  # references were given
+                bleu, bleu_lc = evaluation.scores.bleu, evaluation.scores.bleu_lc
+            trials.append(Trial(str(checkpoint), settings.beam, settings.alpha, bleu, bleu_lc))
     return trials
 
 
@@ -83,6 +100,13 @@ def validation_metric(config: Mapping[str, Any]) -> str:
     return (config.get("selection") or {}).get("metric") or "bleu"
 
 
+def validation_monitor(config: Mapping[str, Any]) -> str:
+    """The logged value best.ckpt and early stopping follow: ``val/bleu`` (a multilingual run's mean over
+    directions), or with ``selection.direction=de-en`` that direction's, ``val/bleu/de-en``."""
+    direction = (config.get("selection") or {}).get("direction")
+    return f"val/{validation_metric(config)}" + (f"/{direction}" if direction else "")
+
+
 def check_selection(config: Mapping[str, Any]) -> None:
     """Refuse, before training (or rescoring), a ``selection`` that could not be carried out after it."""
     choice = config.get("selection") or {}
@@ -95,6 +119,14 @@ def check_selection(config: Mapping[str, Any]) -> None:
         raise ValueError(
             f"selection.metric={choice.get('metric')!r}; valid choices: {', '.join(SELECTION_METRICS)}"
         )
+    direction = choice.get("direction")
+    if direction is not None:
+        directions = configured_directions(config.get("data") or {}) or []
+        if direction not in directions:
+            raise ValueError(
+                f"selection.direction={direction!r} is not one of data.directions "
+                f"({', '.join(directions) or 'none: a bilingual run has one direction'})"
+            )
     for key in ("beam", "alpha"):
         values = choice.get(key)
         if values is not None and (isinstance(values, (str, int, float)) or not len(values)):

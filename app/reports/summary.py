@@ -1,4 +1,8 @@
-"""A Markdown table of runs: the model and attention each used, its test scores and costs."""
+"""A Markdown table of runs: the model and attention each used, its test scores and costs.
+
+A multilingual run (``test_directions`` in results.json) shows the mean over its directions in its own
+row, then one row per direction (``run de-en``) with that direction's scores.
+"""
 
 from __future__ import annotations
 
@@ -61,6 +65,24 @@ def summary_row(run: RunRecord) -> list[str]:
     ]
 
 
+def direction_rows(run: RunRecord) -> list[list[str]]:
+    """A multilingual run's rows per direction: name, scores (BLEU, BLEU lc, chrF, BLEU lc Moses)."""
+    r = run.results or {}
+    rows = []
+    for direction in r.get("test_directions", []):
+        row = [f"{run.name} {direction}"] + [""] * (len(COLUMNS) - 1)
+        for column, key, digits in (
+            ("BLEU", "test_bleu", 2),
+            ("BLEU lc", "test_bleu_lc", 2),
+            ("chrF", "test_chrf", 1),
+            ("BLEU lc Moses", "test_bleu_moses_lc", 2),
+        ):
+            value = r.get(f"{key}/{direction}")
+            row[COLUMNS.index(column)] = "" if value is None else f"{value:.{digits}f}"
+        rows.append(row)
+    return rows
+
+
 def describe_decoding(results: dict[str, Any]) -> str:
     """What decoded the test set: ``averaged, beam 5, alpha 1.0`` (alpha left out by older runs)."""
     if "checkpoint" not in results:
@@ -73,7 +95,7 @@ def describe_decoding(results: dict[str, Any]) -> str:
 
 def summary_table(runs: list[RunRecord]) -> Table:
     """One row per run, in the order given."""
-    return Table(COLUMNS, [summary_row(run) for run in runs])
+    return Table(COLUMNS, [row for run in runs for row in (summary_row(run), *direction_rows(run))])
 
 
 def summary_markdown(runs: list[RunRecord]) -> str:

@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from app.data.multilingual import LanguageError, Languages
 from app.inference.engine import Engine, SearchSettings, Translation
 from app.serving.batcher import Batcher, Unavailable, token_cost
 from app.serving.guard import BodyGuard
@@ -78,7 +79,8 @@ def error(status: int, message: str, detail: Any = None, retry_after: int | None
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": meaning}
     for status, meaning in {
-        400: "empty body or an inconsistent combination of options (nbest > beam, bad sample spec)",
+        400: "empty body or an inconsistent combination of options (nbest > beam, bad sample spec), "
+        "or a target_lang the model lacks (none for a multilingual model)",
         408: "the body was not received within the request timeout",
         413: "body, sentence count or work (tokens x hypotheses) over the server's limits",
         415: "Content-Type is not application/json",
@@ -120,8 +122,16 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def check_request(request: TranslateRequest, limits: ServerLimits) -> SearchSettings:
-    """The search settings asked for; :class:`Refused` (400, 413) names what is wrong."""
+def check_request(
+    request: TranslateRequest, limits: ServerLimits, languages: Languages | None = None
+) -> SearchSettings:
+    """The search settings asked for; :class:`Refused` (400, 413) names what is wrong, including a
+    ``target_lang`` the model lacks (or none for a multilingual model), naming the model's languages."""
+    if languages is not None:
+        try:
+            languages.tag(request.target_lang)
+        except LanguageError as err:
+            raise Refused(400, str(err)) from None
     if len(request.sentences) > limits.max_sentences:
         raise Refused(
             413, f"{len(request.sentences)} sentences is over the limit of {limits.max_sentences} per request"
@@ -201,7 +211,7 @@ def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
     async def translate(body: TranslateRequest, http_request: Request) -> Any:
         """Translate ``sentences``; concurrent requests with the same options share engine calls."""
         try:
-            settings = check_request(body, limits)
+            settings = check_request(body, limits, getattr(engine, "languages", None))
         except Refused as err:
             return error(err.status, str(err))
         work = state["batcher"].translate(body.sentences, settings, limits.request_timeout_s)

@@ -22,6 +22,7 @@ MAX_OUTPUT_TOKENS = 1024
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0  # outside: softmax of log-probs / T over- or underflows
 MAX_SEED = 2**32 - 1  # CTranslate2's seed is an unsigned 32-bit int
 SAMPLE_PATTERN = r"^(topk:[0-9]{1,6}|topp:[0-9.]{1,12})$"
+LANG_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,15}$"  # a language code as data.directions names it
 
 
 def integral(value: Any) -> Any:
@@ -52,6 +53,11 @@ class TranslateRequest(BaseModel):
         1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, description="sampling temperature"
     )
     seed: Int = Field(0, ge=0, le=MAX_SEED, description="sampling seed")
+    target_lang: str | None = Field(
+        None,
+        pattern=LANG_PATTERN,
+        description="the language to translate into: needed by a multilingual model, checked by any",
+    )
 
     @field_validator("sentences")
     @classmethod
@@ -83,6 +89,7 @@ class TranslateRequest(BaseModel):
             batch_size=batch_size,
             nbest=self.nbest,
             sampling=sampling,
+            target_lang=self.target_lang,
         )
 
 

@@ -17,6 +17,7 @@ import torch
 from app.checkpoint import CHECKPOINT_KEY, translation_payload
 from app.data.batch import Batch
 from app.data.tokenizer import Tokenizer
+from app.inference.directions import direction_scores, mean_scores
 from app.inference.engine import SearchSettings
 from app.inference.metrics import corpus_scores
 from app.inference.translator import Translator
@@ -232,10 +233,27 @@ class TranslationModule(pl.LightningModule):
         if len(validated) < len(references):  # limit_val_batches or a sanity check: the part decoded
             log.info("val/bleu on the %d of %d validation sentences decoded", len(validated), len(references))
         hyps = self.translator.tgt_tokenizer.decode([hyp_ids[i] for i in validated])
+        spans = self.trainer.datamodule.valid_directions
+        if spans is not None:
+            self._log_directions(dict(zip(validated, hyps, strict=True)), references, spans)
+            return
         scores = corpus_scores(hyps, [references[i] for i in validated])
         self.log("val/bleu", scores.bleu, prog_bar=True)
         self.log("val/bleu_lc", scores.bleu_lc)
         self.log("val/chrf", scores.chrf)
+
+    def _log_directions(self, hyps: dict[int, str], references: list[str], spans: list) -> None:
+        """A multilingual validation set: ``val/bleu/de-en`` (etc.) per direction, ``val/bleu`` their mean."""
+        decoded = [hyps.get(i) for i in range(len(references))]
+        scores = direction_scores(decoded, references, spans, moses=False)
+        for direction, found in scores.items():
+            self.log(f"val/bleu/{direction}", found.bleu)
+            self.log(f"val/bleu_lc/{direction}", found.bleu_lc)
+            self.log(f"val/chrf/{direction}", found.chrf)
+        means = mean_scores(scores)
+        self.log("val/bleu", means["bleu"], prog_bar=True)
+        self.log("val/bleu_lc", means["bleu_lc"])
+        self.log("val/chrf", means["chrf"])
 
     def configure_gradient_clipping(
         self,

@@ -20,13 +20,15 @@ from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, Mode
 from app.data.concat import concat_corpora, subword_symbols
 from app.data.datamodule import TranslationDataModule
 from app.data.encoded import text_column
+from app.data.multilingual import configured_directions, tag_symbols
+from app.data.multilingual_corpus import language_samples
 from app.data.sources import load_corpora
-from app.data.subword_training import train_or_load
+from app.data.subword_training import train_or_load, train_or_load_joint
 from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, settings_from_config
 from app.hardware import machine_description, resolve_precision
 from app.inference.engine import SearchSettings
 from app.inference.run_scoring import score_run
-from app.inference.selection import check_selection, validation_metric
+from app.inference.selection import check_selection, validation_monitor
 from app.models import build_model
 from app.ranks import launched_as_rank_zero
 from app.rundir import BEST, STEP_STEM, RunDir
@@ -77,6 +79,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def check_mandatory_keys(cfg: DictConfig) -> None:
     """Fail before anything runs, naming by path every mandatory value (``???``) the config leaves unset."""
     missing = sorted(OmegaConf.missing_keys(cfg))
+    if cfg.get("data") and (cfg.data.get("directions") or cfg.data.get("pairs")):  # files come per direction
+        missing = [key for key in missing if not key.startswith("data.files")]
     if missing:
         raise ValueError(
             f"mandatory config value(s) not set: {', '.join(missing)}; "
@@ -135,6 +139,7 @@ def build_fit(cfg: DictConfig) -> Fit:
         subword_sampling=SubwordSampling.from_config(
             config["data"].get("subword_sampling"), config["data"]["subword"].get("model_type", "unigram")
         ),
+        sampling_temperature=cfg.data.get("sampling_temperature") or 1.0,
     )
     module = TranslationModule(
         model=model,
@@ -181,7 +186,21 @@ def final_checkpoint(trainer: pl.Trainer) -> Path:
 
 
 def subword_tokenizers(data_cfg: dict[str, Any], train: datasets.Dataset) -> tuple[Tokenizer, Tokenizer]:
-    """The sentencepiece models for this corpus and settings: trained once, then loaded from the cache."""
+    """The sentencepiece models for this corpus and settings: trained once, then loaded from the cache.
+
+    A multilingual run trains one joint model on a sample balanced across its languages, with every
+    target-language tag as a user-defined symbol (:mod:`app.data.multilingual`).
+    """
+    directions = configured_directions(data_cfg)
+    if directions is not None:
+        config = settings_from_config(
+            SubwordConfig, tag_symbols(data_cfg["subword"], directions), "data.subword"
+        )
+        parts = language_samples(data_cfg, directions, config.input_sentence_size, config.seed)
+        joint = train_or_load_joint(
+            parts, config=config, cache_dir=Path(data_cfg["cache_dir"]) / "spm", corpus_key="multilingual"
+        )
+        return joint, joint
     return train_or_load(
         src_texts=text_column(train, "src"),
         tgt_texts=text_column(train, "tgt"),
@@ -246,7 +265,7 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     best = ModelCheckpoint(
         dirpath=directory,
         filename=Path(BEST).stem,
-        monitor=f"val/{validation_metric(cfg)}",
+        monitor=validation_monitor(cfg),
         mode="max",
         save_last=True,
         save_top_k=1,
@@ -286,7 +305,7 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     if cfg.early_stopping.patience:
         callbacks.append(
             EarlyStopping(
-                monitor=f"val/{validation_metric(cfg)}",
+                monitor=validation_monitor(cfg),
                 mode="max",
                 patience=cfg.early_stopping.patience,
                 check_on_train_epoch_end=False,

@@ -1,0 +1,219 @@
+"""One model, many directions: language tags, the directions a model serves, and sampling across them.
+
+Johnson et al. (2017), Section 3: a multilingual model is an ordinary encoder-decoder whose source
+carries a token naming the target language, ``<2de> A man rides a bike.``. The tag is on the encoder
+side, so decoding starts from BOS as in a bilingual model (a CTranslate2 export needs no
+``target_prefix``), and a source language never seen with a target still gets one (zero-shot).
+Each tag is a user-defined sentencepiece symbol (always one piece, never split), like
+:data:`app.data.concat.SEPARATOR`.
+
+Corpora of unequal size are mixed by temperature (Arivazhagan et al. 2019, Section 4.2): direction i with
+n_i training pairs is drawn with probability p_i proportional to n_i ** (1 / T). T = 1 keeps the corpus
+proportions (plain concatenation), T -> inf samples every direction equally often.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+DIRECTION_COLUMN = "direction"  # which direction each row of a multilingual split belongs to
+_DIRECTION = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)-([A-Za-z][A-Za-z0-9_]*)$")
+
+
+class LanguageError(ValueError):
+    """A direction or language the config or a request names wrongly, or that a model was not trained for."""
+
+
+def language_tag(lang: str) -> str:
+    """The source-side token asking for ``lang`` as the output language: ``<2de>``."""
+    return f"<2{lang}>"
+
+
+def parse_direction(name: str) -> tuple[str, str]:
+    """``"de-en"`` as ``("de", "en")``; anything else raises :class:`LanguageError`."""
+    found = _DIRECTION.match(str(name))
+    if not found or found.group(1) == found.group(2):
+        raise LanguageError(f"direction {name!r} is not SRC-TGT with two different languages, e.g. de-en")
+    return found.group(1), found.group(2)
+
+
+def parse_directions(value: Any, languages: Sequence[str] | None = None) -> list[str] | None:
+    """``data.directions`` as a list of ``"src-tgt"`` names; None stays None (one bilingual direction).
+
+    ``"all"`` means every ordered pair of ``languages`` (``data.languages``).
+    """
+    if value is None:
+        return None
+    if value == "all":
+        if not languages or len(languages) < 2:
+            raise LanguageError(f"data.directions=all needs data.languages with two or more, got {languages}")
+        return [f"{a}-{b}" for a in languages for b in languages if a != b]
+    if isinstance(value, str) or not len(value):
+        raise LanguageError(f"data.directions must be a list like [en-de, de-en], all or null, got {value!r}")
+    names = [str(name) for name in value]
+    for name in names:
+        parse_direction(name)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise LanguageError(f"data.directions lists {repeated} more than once")
+    return names
+
+
+@dataclass(frozen=True)
+class Languages:
+    """The directions a model was trained on, and whether its sources carry target-language tags."""
+
+    directions: tuple[str, ...]
+    tagged: bool
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Languages:
+        """From a run config (a checkpoint's or an export's): ``data.directions``, else the one direction."""
+        data = config.get("data") or {}
+        directions = configured_directions(data)
+        if directions is None:
+            src, tgt = data.get("src_lang"), data.get("tgt_lang")
+            return cls((f"{src}-{tgt}",) if src and tgt and src != tgt else (), tagged=False)
+        return cls(tuple(directions), tagged=True)
+
+    @property
+    def sources(self) -> list[str]:
+        return sorted({parse_direction(d)[0] for d in self.directions})
+
+    @property
+    def targets(self) -> list[str]:
+        return sorted({parse_direction(d)[1] for d in self.directions})
+
+    def describe(self) -> str:
+        return f"directions {', '.join(self.directions)} (target languages: {', '.join(self.targets)})"
+
+    def tag(self, target_lang: str | None, source_lang: str | None = None) -> str | None:
+        """The tag to prepend for ``target_lang`` (None for a bilingual model), after checking that the
+        model knows both languages; a source language never trained into ``target_lang`` is allowed
+        (zero-shot). A multilingual model needs ``target_lang``."""
+        if target_lang is None:
+            if self.tagged:
+                raise LanguageError(
+                    f"this model translates into several languages, {self.describe()}: name the target "
+                    "language (translate.py --tgt-lang, the server's target_lang)"
+                )
+            return None
+        if target_lang not in self.targets:
+            raise LanguageError(
+                f"target language {target_lang!r} is not one this model translates into; {self.describe()}"
+            )
+        known = sorted({*self.sources, *self.targets})
+        if source_lang is not None and source_lang not in known:
+            raise LanguageError(
+                f"source language {source_lang!r} is not one this model was trained on ({', '.join(known)}); "
+                f"{self.describe()}"
+            )
+        return language_tag(target_lang) if self.tagged else None
+
+
+def configured_directions(data: Mapping[str, Any]) -> list[str] | None:
+    """``data.directions`` resolved (``all`` against ``data.languages``); with ``data.pairs`` and no
+    directions, the pairs' names. None: a bilingual run (``data.src_lang`` -> ``data.tgt_lang``)."""
+    value = data.get("directions")
+    if value is None and data.get("pairs"):
+        value = list(data["pairs"])
+    return parse_directions(value, data.get("languages"))
+
+
+def tag_symbols(subword: Mapping[str, Any], directions: Sequence[str] | None) -> dict[str, Any]:
+    """The ``data.subword`` settings with every target-language tag as a user-defined symbol."""
+    if not directions:
+        return dict(subword)
+    symbols = list(subword.get("user_defined_symbols") or ())
+    tags = sorted({language_tag(parse_direction(d)[1]) for d in directions})
+    return {**subword, "user_defined_symbols": [*symbols, *(t for t in tags if t not in symbols)]}
+
+
+def tagged_split(dataset: datasets.Dataset, direction: str) -> datasets.Dataset:
+    """``dataset``'s pairs with the target tag before each non-blank source, and a ``direction`` column.
+
+    A blank source stays blank (nothing to translate, as in translate.py). A corpus read from files is
+    tagged through ``Dataset.map`` into ``datasets``' cache beside it (memory-mapped, made once); an
+    in-memory one stays in memory.
+    """
+    return (
+        dataset.with_format("arrow")
+        .map(
+            _tag_batch,
+            batched=True,
+            batch_size=10_000,
+            fn_kwargs={"direction": direction},
+            desc=f"tagging {direction}",
+        )
+        .with_format(None)
+    )
+
+
+def _tag_batch(batch: pa.Table, direction: str) -> pa.Table:
+    """One batch of :func:`tagged_split`: Arrow string kernels, no Python strings per row."""
+    tag = language_tag(parse_direction(direction)[1])
+    src = batch["src"].combine_chunks()
+    blank = pc.equal(pc.utf8_trim_whitespace(src), "")
+    tagged = pc.if_else(blank, src, pc.binary_join_element_wise(f"{tag} ", src, ""))
+    name = pa.array([direction] * len(src), pa.string())
+    return pa.table({"src": tagged, "tgt": batch["tgt"], DIRECTION_COLUMN: name})
+
+
+def direction_spans(dataset: datasets.Dataset) -> list[tuple[str, int, int]] | None:
+    """``(direction, start, stop)`` of each direction's rows in a multilingual split (in order), or None
+    for a bilingual one. The directions' rows are contiguous (the split is their concatenation)."""
+    if DIRECTION_COLUMN not in dataset.column_names:
+        return None
+    codes, names = direction_codes(dataset)
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else np.zeros(0, int)
+    stops = np.r_[starts[1:], len(codes)]
+    return [(names[codes[a]], int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
+
+
+def direction_codes(dataset: datasets.Dataset) -> tuple[np.ndarray, list[str]]:
+    """Each row's direction as an integer (N,), and the names the integers stand for."""
+    column = dataset.with_format("arrow")[DIRECTION_COLUMN].combine_chunks().dictionary_encode()
+    return column.indices.to_numpy(zero_copy_only=False), column.dictionary.to_pylist()
+
+
+def temperature_probabilities(sizes: Sequence[int], temperature: float) -> np.ndarray:
+    """p_i proportional to n_i ** (1 / T) (Arivazhagan et al. 2019): T = 1 proportional, large T uniform."""
+    if not temperature > 0:
+        raise LanguageError(f"data.sampling_temperature must be > 0, got {temperature}")
+    counts = np.asarray(sizes, dtype=np.float64)
+    weights = np.where(counts > 0, counts ** (1.0 / temperature), 0.0)
+    if weights.sum() == 0:
+        raise LanguageError(f"no training pairs to sample from: {list(sizes)}")
+    return weights / weights.sum()
+
+
+def temperature_rows(rows: np.ndarray, groups: np.ndarray, temperature: float, seed: int) -> np.ndarray:
+    """The training rows an epoch draws: ``len(rows)`` in all, direction i getting p_i of them.
+
+    ``groups`` (len(rows),) names each row's direction. A direction above its share gives a random
+    subset (without replacement); one below it repeats all its rows, then a random subset for the rest.
+    T = 1 returns ``rows`` unchanged. The draw is fixed by ``seed`` (so resuming sees the same rows).
+    """
+    rows, groups = np.asarray(rows, dtype=np.int64), np.asarray(groups)
+    if temperature == 1 or not len(rows):
+        return rows
+    names, inverse = np.unique(groups, return_inverse=True)
+    sizes = np.bincount(inverse, minlength=len(names))
+    wanted = np.floor(temperature_probabilities(sizes, temperature) * len(rows)).astype(np.int64)
+    wanted[np.argmax(wanted)] += len(rows) - wanted.sum()  # the rounding remainder, to the largest share
+    rng = np.random.default_rng(seed)
+    drawn = []
+    for group, want in enumerate(wanted):
+        members = rows[inverse == group]
+        repeats, rest = divmod(int(want), len(members))
+        drawn.append(np.tile(members, repeats))
+        drawn.append(np.sort(rng.choice(members, size=rest, replace=False)))
+    return np.concatenate(drawn)
