@@ -27,12 +27,17 @@ def build(*overrides: str, tmp_path: Path, vocab: int = 50):
 
 
 def test_attention_options_of_each_family_are_the_registered_ones() -> None:
-    """One file per registered kernel (named after it) and one or more per registered mechanism."""
+    """One file per registered kernel (named after it), one or more per registered mechanism, and
+    per-site mixes (e.g. long_mix) whose every site names a registered kernel."""
     files = {p.stem: OmegaConf.load(p) for p in (CONF_DIR / "attention").glob("*.yaml")}
-    kernel_files = {name for name in files if name not in RNN_ATTENTION}
+    kernel_files = {name for name in files if name in available_kernels()}
     assert kernel_files == set(available_kernels())
     for name in kernel_files:
         assert files[name].kernel == name and "mechanism" not in files[name], name
+    mixes = set(files) - kernel_files - set(RNN_ATTENTION)
+    for name in mixes:
+        site_kernels = [site.kernel for site in files[name].sites.values() if "kernel" in site]
+        assert site_kernels and set(site_kernels) <= set(available_kernels()), name
     assert {files[name].mechanism for name in RNN_ATTENTION} == set(available_mechanisms())
     for name in RNN_ATTENTION:
         assert "decoder" in files[name] and "kernel" not in files[name], name
