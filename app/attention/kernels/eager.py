@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from app.attention.base import AttentionKernel, AttentionOutput, repeat_kv
+from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
 from app.attention.masks import attention_mask
 from app.attention.registry import register_kernel
 
@@ -16,6 +16,8 @@ from app.attention.registry import register_kernel
 @register_kernel("eager")
 class EagerAttention(AttentionKernel):
     """Plain softmax(QK^T / sqrt(Dh)) V; every other kernel is tested against this one."""
+
+    capabilities = KernelCapabilities(shares_keys=True)
 
     def forward(
         self,

@@ -61,7 +61,7 @@ class FlashAttention(AttentionKernel):
     """SDPA under a chosen backend (math fallback), or flash-attn's padding-free kernels on GPUs."""
 
     capabilities = KernelCapabilities(
-        padding_mask=True, causal=True, returns_weights=False, incremental=True, exact=True
+        padding_mask=True, causal=True, returns_weights=False, incremental=True, exact=True, shares_keys=True
     )
 
     def __init__(self, *, backend: str = "auto") -> None:

@@ -14,7 +14,7 @@ from app.attention.registry import register_kernel
 class SDPAttention(AttentionKernel):
     """Fused attention; never materialises weights, so ``need_weights`` is unsupported."""
 
-    capabilities = KernelCapabilities(returns_weights=False)
+    capabilities = KernelCapabilities(returns_weights=False, shares_keys=True)
 
     def scores_per_query(self, length: int, *, head_dim: int) -> int:
         return 0  # fused: the scores live in on-chip tiles, never as a (T, T) tensor
