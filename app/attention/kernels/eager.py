@@ -31,6 +31,9 @@ class EagerAttention(AttentionKernel):
         need_weights: bool = False,
     ) -> AttentionOutput:
         num_heads = q.size(1)
+        causal = (
+            causal and q.size(2) > 1
+        )  # one query (cached decoding) sits at the last key: it sees them all
         k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
         mask = attention_mask(key_mask, causal=causal, tq=q.size(2), tk=k.size(2), device=q.device)
