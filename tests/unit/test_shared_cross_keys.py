@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -26,7 +27,7 @@ ATTENTION = {
     "sdpa_mqa": {"kernel": "sdpa", "num_kv_heads": 1},
     "flash": {"kernel": "flash", "options": {"backend": "math"}},
     "linformer": {"kernel": "eager", "sites": {"cross": {"kernel": "linformer", "options": {"k": 4}}}},
-    "linear": {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}},  # copies
+    "linear": {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}},
     "lsh": {
         "kernel": "lsh",
         "options": {"chunk_size": 1, "n_buckets": 2, "n_hashes": 2},
@@ -77,10 +78,13 @@ def test_a_sharing_kernel_caches_one_row_per_sentence(make_transformer: Callable
         model.decode_step(torch.full((8,), 5), state)
 
 
+@pytest.mark.parametrize("shares", [True, False], ids=["shared", "kernel_without_sharing_gets_copies"])
 def test_grouped_cross_attention_equals_copied_rows_with_weights(
-    make_transformer: Callable[..., Transformer],
+    make_transformer: Callable[..., Transformer], monkeypatch: pytest.MonkeyPatch, shares: bool
 ) -> None:
     layer = make_transformer(attention={"kernel": "eager", "num_kv_heads": 2}).decoder[0].cross_attn
+    caps = dataclasses.replace(layer.kernel.capabilities, shares_keys=shares)
+    monkeypatch.setattr(type(layer.kernel), "capabilities", caps)
     x, memory = torch.randn(6, 1, 32), torch.randn(2, 5, 32)  # 3 query rows per sentence
     mask = torch.tensor([[True] * 5, [True] * 2 + [False] * 3])
     with torch.no_grad():
@@ -88,6 +92,6 @@ def test_grouped_cross_attention_equals_copied_rows_with_weights(
         out, weights = layer(x, memory=memory, key_mask=mask, cache=cache, need_weights=True, group=3)
         rows = torch.arange(2).repeat_interleave(3)
         ref, ref_weights = layer(x, memory=memory[rows], key_mask=mask[rows], need_weights=True)
-    assert cache.k.size(0) == 2 and cache.group == 3
+    assert (cache.k.size(0), cache.group) == ((2, 3) if shares else (6, 1))
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(weights, ref_weights)
