@@ -95,3 +95,17 @@ def test_grouped_cross_attention_equals_copied_rows_with_weights(
     assert (cache.k.size(0), cache.group) == ((2, 3) if shares else (6, 1))
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(weights, ref_weights)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["eager", "sdpa_mqa", "flash", "linformer"])
+def test_shared_cross_keys_on_a_gpu(
+    make_transformer: Callable[..., Transformer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attention = ATTENTION[name] if name != "flash" else {"kernel": "flash"}  # flash-attn where installed
+    model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, seed=1, attention=attention).cuda()
+    src = random_sources(12, 3, 11, vocab=VOCAB).cuda()
+    shared = search(model, src, k=4)
+    monkeypatch.setattr(model, "start_beams", copied_beams(model))
+    copied = search(model, src, k=4)
+    assert [[t for t, _ in hyps] for hyps in shared] == [[t for t, _ in hyps] for hyps in copied]
