@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -33,11 +33,6 @@ class KVCache:
     Recurrent kernels (``capabilities.recurrent``, e.g. causal linear attention, Katharopoulos et al.
     2020, section 3.4) keep no keys or values: :class:`~app.attention.multihead.MultiHeadAttention`
     stores their fixed-size ``state`` here instead, so the cache does not grow with the length.
-
-    A growing cache without a window writes each step into preallocated buffers (B, Hkv, capacity, Dh),
-    doubled when full, and ``k``/``v`` are views of their filled prefix: no step copies the keys so far
-    (``torch.cat`` would, and allocate afresh). ``reorder`` gathers the prefix into a second pair of buffers
-    and swaps them, so beam search allocates nothing per step either.
     """
 
     k: Tensor | None = None
@@ -49,8 +44,6 @@ class KVCache:
     # reduces keys along the sequence (capabilities.reduces_keys, linformer); None otherwise
     group: int = 1  # query rows per cached row: a static cache shared by a sentence's K beams holds one row
     # per sentence (capabilities.shares_keys), so dropping sentences selects its rows by sentence
-    buffers: tuple[Tensor, Tensor] | None = field(default=None, repr=False)  # preallocated k, v storage
-    spare: tuple[Tensor, Tensor] | None = field(default=None, repr=False)  # reorder's target, same shape
 
     @property
     def filled(self) -> bool:
@@ -62,8 +55,6 @@ class KVCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new step's keys/values (B, Hkv, t, Dh) and return the full cached tensors."""
-        if self.max_len is None and not self.static:
-            return self._write(k, v)
         if self.k is None:
             self.k, self.v = k, v
         else:
@@ -74,43 +65,9 @@ class KVCache:
             self.v = self.v[:, :, -self.max_len :]
         return self.k, self.v
 
-    def _write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """``append`` into the preallocated buffers, growing them (doubling) when the step does not fit."""
-        start, new = self.length(), k.size(2)
-        if self.buffers is None or start + new > self.buffers[0].size(2):
-            capacity = max(16, 2 * (start + new))
-            self.buffers = tuple(self._allocate(t, capacity) for t in (k, v))
-            self.spare = None
-            if start:  # the keys so far move to the larger buffers once
-                self.buffers[0][:, :, :start] = self.k
-                self.buffers[1][:, :, :start] = self.v
-        kbuf, vbuf = self.buffers
-        kbuf[:, :, start : start + new] = k
-        vbuf[:, :, start : start + new] = v
-        self.k, self.v = kbuf[:, :, : start + new], vbuf[:, :, : start + new]  # (B, Hkv, T, Dh) views
-        return self.k, self.v
-
-    @staticmethod
-    def _allocate(like: Tensor, capacity: int, rows: int | None = None) -> Tensor:
-        """An empty buffer (rows or B, Hkv, capacity, Dh) with the dtype and device of ``like``."""
-        b, heads, _, dim = like.shape
-        return like.new_empty(b if rows is None else rows, heads, capacity, dim)
-
-    def _reorder_buffers(self, index: Tensor) -> None:
-        """Gather rows ``index`` of the filled prefix into the spare buffers, which become the live ones."""
-        filled, capacity = self.length(), self.buffers[0].size(2)
-        if self.spare is None or self.spare[0].size(0) != index.numel():
-            self.spare = tuple(self._allocate(t, capacity, rows=index.numel()) for t in self.buffers)
-        for source, target in zip(self.buffers, self.spare, strict=True):
-            torch.index_select(source[:, :, :filled], 0, index, out=target[:, :, :filled])
-        self.buffers, self.spare = self.spare, self.buffers
-        self.k, self.v = self.buffers[0][:, :, :filled], self.buffers[1][:, :, :filled]
-
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
-        if self.buffers is not None:
-            self._reorder_buffers(index)
-        elif self.k is not None:
+        if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
         if self.key_mask is not None:
