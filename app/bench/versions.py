@@ -155,5 +155,5 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0
