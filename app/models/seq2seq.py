@@ -1,8 +1,8 @@
 """The interface every model family offers to training and decoding.
 
 Training calls ``forward`` (teacher forcing). Greedy and beam search only use ``encode``,
-``start_decoding`` and ``decode_step`` plus :meth:`DecoderState.reorder`, so a new family (the RNN
-baselines, say) works with every decoder unchanged.
+``start_decoding`` (``start_beams``, whose default builds on it) and ``decode_step`` plus
+:meth:`DecoderState.reorder`, so a new family (the RNN baselines, say) works with every decoder unchanged.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ class DecoderState(ABC):
 
     @abstractmethod
     def select_rows(self, index: Tensor) -> None:
-        """Keep rows ``index`` of the batch, per-sentence data included (drops finished sentences)."""
+        """Keep rows ``index`` of the batch, per-sentence data included (drops finished sentences).
+
+        Beam search keeps whole sentences: all K rows of each kept sentence, in order.
+        """
 
 
 class Seq2Seq(nn.Module, ABC):
