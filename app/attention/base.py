@@ -37,6 +37,9 @@ class KernelCapabilities:
     # patterns of query/key positions, which a target and a source position do not share (sparse)
     reduces_keys: bool = False  # projects keys/values along the sequence (:meth:`AttentionKernel.reduce`,
     # linformer): a static (cross-attention) cache then holds the reduced form, computed once per sentence
+    shares_keys: bool = False  # without a causal mask, each query attends independently of the others, so
+    # several query rows may share one row of keys/values: beam search's K beams of a sentence then attend
+    # its cross-attention keys as K queries of one row instead of K copies of the keys
 
 
 @dataclass

@@ -42,6 +42,8 @@ class KVCache:
     state: Any = None  # a RecurrentState, or None
     key_mask: Tensor | None = None  # (B, k): which reduced rows are real, for a static cache of a kernel that
     # reduces keys along the sequence (capabilities.reduces_keys, linformer); None otherwise
+    group: int = 1  # query rows per cached row: a static cache shared by a sentence's K beams holds one row
+    # per sentence (capabilities.shares_keys), so dropping sentences selects its rows by sentence
 
     @property
     def filled(self) -> bool:

@@ -60,6 +60,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        group: int = 1,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, Tq, D) to itself, or to ``memory`` (B, Tk, D) for cross-attention.
 
@@ -68,8 +69,14 @@ class MultiHeadAttention(nn.Module):
         them from ``memory`` once and reuses them on later steps. Causal self-attention through a
         recurrent kernel (``capabilities.recurrent``) keeps the kernel's fixed-size state in the cache
         instead of keys and values. Returns the output (B, Tq, D) and, when asked for, the weights
-        (B, H, Tq, Tk).
+        (B, H, Tq, Tk). With ``group`` G > 1 (cross-attention only), ``x`` is (B*G, Tq, D): G consecutive
+        rows per row of ``memory`` (B, Tk, D) and ``key_mask`` (B, Tk), as beam search's K beams share
+        their sentence's source.
         """
+        if group > 1:
+            return self._attend_grouped(
+                x, memory, key_mask=key_mask, cache=cache, need_weights=need_weights, group=group
+            )
         q = self._split(self.q_proj(x), self.num_heads)  # (B, H, Tq, Dh)
         if self._uses_state(cache, causal=causal, cross=memory is not None):
             context = self._recurrent_step(q, x, key_mask=key_mask, cache=cache, need_weights=need_weights)
@@ -93,6 +100,45 @@ class MultiHeadAttention(nn.Module):
             need_weights=need_weights,
         )
         return self._merge(out.context), out.weights
+
+    def _attend_grouped(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        *,
+        key_mask: Tensor | None,
+        cache: KVCache | None,
+        need_weights: bool,
+        group: int,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Cross-attention of ``x`` (B*G, Tq, D) over ``memory`` (B, Tk, D), G query rows per memory row.
+
+        A kernel that ``shares_keys`` sees each sentence's G rows as G*Tq queries of one row, so the keys
+        and values (and a static cache) hold B rows, not B*G copies; other kernels get the copies.
+        """
+        if memory is None:
+            raise ValueError(
+                f"group={group} needs cross-attention: self-attention has one query row per key row"
+            )
+        if not self.kernel.capabilities.shares_keys:
+            if cache is None or not cache.filled:
+                memory = memory.repeat_interleave(group, dim=0)  # (B*G, Tk, D)
+            key_mask = None if key_mask is None else key_mask.repeat_interleave(group, dim=0)
+            return self.forward(x, memory=memory, key_mask=key_mask, cache=cache, need_weights=need_weights)
+        rows, tq, width = x.shape
+        if cache is not None:
+            cache.group = group  # its rows are per sentence: select_rows must pick sentences
+        out, weights = self.forward(
+            x.reshape(rows // group, group * tq, width),  # (B, G*Tq, D)
+            memory=memory,
+            key_mask=key_mask,
+            cache=cache,
+            need_weights=need_weights,
+        )
+        if weights is not None:  # (B, H, G*Tq, Tk) -> (B*G, H, Tq, Tk)
+            b, heads, _, tk = weights.shape
+            weights = weights.view(b, heads, group, tq, tk).transpose(1, 2).reshape(rows, heads, tq, tk)
+        return out.reshape(rows, tq, width), weights
 
     def _merge(self, context: Tensor) -> Tensor:
         """Heads (B, H, Tq, Dh) back to the model width, then the output projection: (B, Tq, D)."""

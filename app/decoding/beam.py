@@ -135,8 +135,7 @@ def beam_hypotheses(
     if not 1 <= nbest <= k:
         raise ValueError(f"nbest={nbest} must be between 1 and the beam size {k}")
     encoded = model.encode(src)
-    rows = torch.arange(src.size(0), device=src.device).repeat_interleave(k)  # (B*K,) sentence of each row
-    state = model.start_decoding(encoded.take_rows(rows))
+    state = model.start_beams(encoded, k)  # rows (B*K,): sentence by sentence, K beams each
     beams = Beams.start(limits.to(src.device), k, bos_id)
     finished = [Finished() for _ in range(src.size(0))]
     done = torch.zeros(src.size(0), dtype=torch.long, device=src.device)  # finished hypotheses per sentence

@@ -82,6 +82,13 @@ class Ensemble(Seq2Seq):
             [m.start_decoding(e) for m, e in zip(self.members, encoded.members, strict=True)]
         )
 
+    def start_beams(self, encoded: EncoderOutput, beams: int) -> EnsembleState:
+        if not isinstance(encoded, EnsembleEncoding):
+            raise TypeError("an ensemble decodes from its own encode(), not a single model's output")
+        return EnsembleState(
+            [m.start_beams(e, beams) for m, e in zip(self.members, encoded.members, strict=True)]
+        )
+
     def decode_step(self, tokens: Tensor, state: EnsembleState) -> Tensor:
         return mean_probabilities(
             [m.decode_step(tokens, s) for m, s in zip(self.members, state.states, strict=True)]

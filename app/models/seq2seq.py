@@ -1,8 +1,8 @@
 """The interface every model family offers to training and decoding.
 
 Training calls ``forward`` (teacher forcing). Greedy and beam search only use ``encode``,
-``start_decoding`` and ``decode_step`` plus :meth:`DecoderState.reorder`, so a new family (the RNN
-baselines, say) works with every decoder unchanged.
+``start_decoding`` (``start_beams``, whose default builds on it) and ``decode_step`` plus
+:meth:`DecoderState.reorder`, so a new family (the RNN baselines, say) works with every decoder unchanged.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 
@@ -36,7 +37,10 @@ class DecoderState(ABC):
 
     @abstractmethod
     def select_rows(self, index: Tensor) -> None:
-        """Keep rows ``index`` of the batch, per-sentence data included (drops finished sentences)."""
+        """Keep rows ``index`` of the batch, per-sentence data included (drops finished sentences).
+
+        Beam search keeps whole sentences: all K rows of each kept sentence, in order.
+        """
 
 
 class Seq2Seq(nn.Module, ABC):
@@ -64,6 +68,15 @@ class Seq2Seq(nn.Module, ABC):
     @abstractmethod
     def start_decoding(self, encoded: EncoderOutput) -> DecoderState:
         """A fresh decoder state for the batch ``encoded`` (caches empty, step 0)."""
+
+    def start_beams(self, encoded: EncoderOutput, beams: int) -> DecoderState:
+        """A decoder state with ``beams`` consecutive rows per sentence of ``encoded`` (beam search).
+
+        This default copies each sentence's encoder output ``beams`` times; a model that can share
+        per-sentence data across its rows (the Transformer's cross-attention keys) overrides it.
+        """
+        rows = torch.arange(encoded.memory.size(0), device=encoded.memory.device).repeat_interleave(beams)
+        return self.start_decoding(encoded.take_rows(rows))  # (B*K,) rows, sentence by sentence
 
     @abstractmethod
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:

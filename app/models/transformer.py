@@ -106,15 +106,23 @@ class DecoderLayer(nn.Module):
         memory_mask: Tensor,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        group: int = 1,
     ) -> Tensor:
-        """``y`` (B, T, D) target states; with a cache, T is the new step(s) only."""
+        """``y`` (B*G, T, D) target states, G rows per sentence of ``memory`` (B, S, D) and ``memory_mask``
+        (B, S) (beam search's beams, see :meth:`MultiHeadAttention.forward`); with a cache, T is the new
+        step(s) only."""
         self_cache = cache.self_attn if cache else None
         cross_cache = cache.cross_attn if cache else None
         y = self.self_block(y, lambda h: self.self_attn(h, causal=True, cache=self_cache)[0])
 
         def cross(h: Tensor) -> Tensor:
             out, self.last_cross_weights = self.cross_attn(
-                h, memory=memory, key_mask=memory_mask, cache=cross_cache, need_weights=need_weights
+                h,
+                memory=memory,
+                key_mask=memory_mask,
+                cache=cross_cache,
+                need_weights=need_weights,
+                group=group,
             )
             return out
 
@@ -150,10 +158,11 @@ def weights_kernel(attention: MultiHeadAttention) -> Iterator[None]:
 
 @dataclass
 class TransformerState(DecoderState):
-    memory: Tensor  # (B, S, D)
+    memory: Tensor  # (B, S, D), one row per sentence
     memory_mask: Tensor  # (B, S)
     caches: list[LayerCache]
     step: int = 0
+    group: int = 1  # decoder rows per sentence (beam search's K), consecutive: B*G rows in all
 
     def reorder(self, index: Tensor) -> None:
         # Cross-attention keys/values depend on the sentence only, and beam search keeps rows within a
@@ -162,11 +171,13 @@ class TransformerState(DecoderState):
             cache.self_attn.reorder(index)
 
     def select_rows(self, index: Tensor) -> None:
-        self.memory = self.memory.index_select(0, index)
-        self.memory_mask = self.memory_mask.index_select(0, index)
+        # Whole sentences leave together: ``index`` keeps G consecutive rows of each sentence kept.
+        sentences = index[:: self.group] // self.group  # (b',)
+        self.memory = self.memory.index_select(0, sentences)
+        self.memory_mask = self.memory_mask.index_select(0, sentences)
         for cache in self.caches:
             cache.self_attn.reorder(index)
-            cache.cross_attn.reorder(index)
+            cache.cross_attn.reorder(sentences if cache.cross_attn.group > 1 else index)
 
 
 class Transformer(Seq2Seq):
@@ -270,10 +281,19 @@ class Transformer(Seq2Seq):
         ]
         return TransformerState(memory=encoded.memory, memory_mask=encoded.mask, caches=caches)
 
+    def start_beams(self, encoded: EncoderOutput, beams: int) -> TransformerState:
+        """``beams`` rows per sentence that share its encoder output and cross-attention keys/values
+        (computed once per sentence, not per beam) where the kernel ``shares_keys``."""
+        state = self.start_decoding(encoded)
+        state.group = beams
+        return state
+
     def decode_step(self, tokens: Tensor, state: TransformerState, need_weights: bool = False) -> Tensor:
         y = self.embed(tokens[:, None], self.tgt_embed, offset=state.step)  # (B, 1, D)
         for layer, cache in zip(self.decoder, state.caches, strict=True):
-            y = layer(y, state.memory, state.memory_mask, cache=cache, need_weights=need_weights)
+            y = layer(
+                y, state.memory, state.memory_mask, cache=cache, need_weights=need_weights, group=state.group
+            )
         state.step += 1
         logits = self.output(self.decoder_norm(y[:, 0]))  # (B, V)
         return F.log_softmax(logits.float(), dim=-1)

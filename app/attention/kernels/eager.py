@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from app.attention.base import AttentionKernel, AttentionOutput, repeat_kv
+from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
 from app.attention.masks import attention_mask
 from app.attention.registry import register_kernel
 
@@ -16,6 +16,8 @@ from app.attention.registry import register_kernel
 @register_kernel("eager")
 class EagerAttention(AttentionKernel):
     """Plain softmax(QK^T / sqrt(Dh)) V; every other kernel is tested against this one."""
+
+    capabilities = KernelCapabilities(shares_keys=True)
 
     def forward(
         self,
@@ -29,6 +31,9 @@ class EagerAttention(AttentionKernel):
         need_weights: bool = False,
     ) -> AttentionOutput:
         num_heads = q.size(1)
+        causal = (
+            causal and q.size(2) > 1
+        )  # one query (cached decoding) sits at the last key: it sees them all
         k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
         mask = attention_mask(key_mask, causal=causal, tq=q.size(2), tk=k.size(2), device=q.device)

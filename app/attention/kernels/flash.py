@@ -61,7 +61,7 @@ class FlashAttention(AttentionKernel):
     """SDPA under a chosen backend (math fallback), or flash-attn's padding-free kernels on GPUs."""
 
     capabilities = KernelCapabilities(
-        padding_mask=True, causal=True, returns_weights=False, incremental=True, exact=True
+        padding_mask=True, causal=True, returns_weights=False, incremental=True, exact=True, shares_keys=True
     )
 
     def __init__(self, *, backend: str = "auto") -> None:
@@ -96,6 +96,9 @@ class FlashAttention(AttentionKernel):
     ) -> AttentionOutput:
         if need_weights:
             raise ValueError("the flash kernel cannot return attention weights; use kernel=eager")
+        causal = (
+            causal and q.size(2) > 1
+        )  # one query (cached decoding) sits at the last key: it sees them all
         if self._can_use_flash_attn(q, k, v, key_mask, causal):
             return AttentionOutput(context=self._flash_attn(q, k, v, key_mask, causal, dropout_p))
         return AttentionOutput(context=self._sdpa(q, k, v, key_mask, causal, dropout_p))

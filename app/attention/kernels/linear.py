@@ -125,6 +125,7 @@ class LinearAttention(AttentionKernel):
         exact=False,
         recurrent=True,  # causal decoding: the state (S, z) replaces the KV cache
         attention_dropout=False,  # no attention matrix to drop entries from
+        shares_keys=True,  # non-causal: each query's features and normaliser are its own
     )
 
     def __init__(

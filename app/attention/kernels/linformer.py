@@ -56,6 +56,7 @@ class LinformerAttention(AttentionKernel):
         attention_dropout=True,  # on the weights over the k projected rows
         across_sequences=True,
         reduces_keys=True,
+        shares_keys=True,  # queries attend the k reduced rows independently
     )
     reasons: ClassVar[dict[str, str]] = {"causal": CAUSAL_REASON}
 

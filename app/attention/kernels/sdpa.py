@@ -14,7 +14,7 @@ from app.attention.registry import register_kernel
 class SDPAttention(AttentionKernel):
     """Fused attention; never materialises weights, so ``need_weights`` is unsupported."""
 
-    capabilities = KernelCapabilities(returns_weights=False)
+    capabilities = KernelCapabilities(returns_weights=False, shares_keys=True)
 
     def scores_per_query(self, length: int, *, head_dim: int) -> int:
         return 0  # fused: the scores live in on-chip tiles, never as a (T, T) tensor
@@ -33,6 +33,7 @@ class SDPAttention(AttentionKernel):
         if need_weights:
             raise ValueError("the sdpa kernel cannot return attention weights; use kernel=eager")
         tq, tk = q.size(2), k.size(2)
+        causal = causal and tq > 1  # one query (cached decoding) sits at the last key: it sees them all
         gqa = k.size(1) != q.size(1)
         if key_mask is None and (not causal or tq == tk):
             context = F.scaled_dot_product_attention(
