@@ -9,17 +9,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx
 import pytest
-import torch
-from helpers.models import TINY_TRANSFORMER
 from helpers.server import JSON, TIMEOUT, running_server
 
 from app.inference.engine import Engine, SearchSettings
-from app.inference.engines import open_engine
 from app.serving import ServerLimits, create_app
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -28,15 +24,6 @@ LIMITS = ServerLimits(
     max_request_bytes=2048, max_sentences=8, max_request_tokens=512, max_wait_ms=50.0, batch_size=4
 )
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."]
-
-
-@pytest.fixture(scope="module")
-def engine(
-    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path_factory: pytest.TempPathFactory
-) -> Engine:
-    path: Path = tmp_path_factory.mktemp("serve") / "model.ckpt"
-    checkpoint_factory(path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
-    return open_engine(path)
 
 
 @pytest.fixture(scope="module")

@@ -15,17 +15,14 @@ import contextlib
 import json
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import torch
-from helpers.models import TINY_TRANSFORMER
 from helpers.server import JSON, running_server
 
 from app.inference.engine import Engine, SearchSettings
-from app.inference.engines import open_engine
 from app.serving import ServerLimits, create_app
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -39,15 +36,6 @@ LIMITS = ServerLimits(
 HOSTILE = ["malformed", "oversized", "declared-oversized", "costly", "not-json", "slow", "vanishing"]
 KINDS = ["valid"] * 6 + HOSTILE
 Expected = dict[tuple[str, int], str]
-
-
-@pytest.fixture(scope="module")
-def engine(
-    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path_factory: pytest.TempPathFactory
-) -> Engine:
-    path: Path = tmp_path_factory.mktemp("load") / "model.ckpt"
-    checkpoint_factory(path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
-    return open_engine(path)
 
 
 @pytest.fixture(scope="module")
