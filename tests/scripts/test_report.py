@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.training import REPO_ROOT
 
 from app.reports.measurements import kv_cache_bytes_per_token
 from app.reports.runs import read_run
 from app.reports.significance import paired_bootstrap
 from app.training.sweep import clear_failure, record_child_failure
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 REFS = ["a dog runs in the park .", "two men sit on a bench .", "a woman reads a big book .", "kids play ."]
 HYPS = {
     "mha": ["a dog runs in a park .", "two men sit on the bench .", "a woman reads a book .", "kids play ."],

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.training import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCS = REPO_ROOT / "docs"
 INDEX = DOCS / "README.md"
 RECORD_NAME = re.compile(r"^(de_en|en_de)_(small|tiny|mid|rnn)_[a-z0-9]+(-[a-z0-9]+)*_\d+min$")
