@@ -47,6 +47,7 @@ from app.training.checkpoint_io import AtomicCheckpointIO
 from app.training.loggers import build_logger, log_results_and_close
 from app.training.module import TranslationModule
 from app.training.optim import AUTO, schedule_factor
+from app.training.warm_start import load_start, load_weights
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,11 @@ def build_fit(cfg: DictConfig) -> Fit:
     config = OmegaConf.to_container(cfg, resolve=True)
 
     corpora = load_corpora(config["data"])
-    src_tok, tgt_tok = subword_tokenizers(config["data"], corpora["train"])  # on sentences, not examples
+    start = load_start(cfg.init_from, config) if cfg.get("init_from") else None
+    if start is not None:  # a warm start cuts the text into the pieces its weights were trained on
+        src_tok, tgt_tok = start.src_tokenizer, start.tgt_tokenizer
+    else:
+        src_tok, tgt_tok = subword_tokenizers(config["data"], corpora["train"])  # on sentences, not examples
     corpora = concat_corpora(corpora, config["data"].get("concat", 1))
     model = build_model(
         config["model"],
@@ -118,6 +123,8 @@ def build_fit(cfg: DictConfig) -> Fit:
         tgt_vocab_size=tgt_tok.vocab_size,
         pad_id=tgt_tok.pad_id,
     )
+    if start is not None:
+        load_weights(model, start, config, source=cfg.init_from)
     log.info("model: %s parameters", f"{model.num_parameters():,}")
     optim = dict(config["optim"])
     if cfg.get("compile"):

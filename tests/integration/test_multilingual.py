@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import torch
 from helpers.models import TINY_TRANSFORMER
 from helpers.server import TIMEOUT, running_server
 from helpers.training import compose_train, logged_column, tiny_overrides
 
-from app.checkpoint import CHECKPOINT_KEY, read_checkpoint, save_atomically
+from app.checkpoint import CHECKPOINT_KEY, CheckpointError, read_checkpoint, save_atomically
 from app.data.multilingual import DIRECTION_COLUMN, direction_codes, direction_spans, temperature_rows
 from app.data.sources import load_corpora
 from app.inference.cli import main
@@ -26,7 +28,7 @@ from app.inference.languages import TaggedEngine
 from app.inference.run_scoring import rescore_run
 from app.inference.translator import Translator
 from app.serving import ServerLimits, create_app
-from app.training.task import subword_tokenizers, train
+from app.training.task import build_fit, subword_tokenizers, train
 
 LANGS = ("en", "de", "fr", "cs")
 DIRECTIONS = ["de-en", "en-de", "en-fr"]
@@ -216,3 +218,48 @@ def test_a_bilingual_checkpoint_is_used_as_before(
     assert capsys.readouterr().out == plain  # naming its own target changes nothing: no tag
     assert main([str(path), "--tgt-lang", "fr", "Ein Hund."]) == 2
     assert "directions de-en" in capsys.readouterr().err
+
+
+def warm_start_overrides(run: Path, start: Path, four_way: Path, *extra: str) -> list[str]:
+    """A new run on ``four_way`` that starts from ``start``'s weights (``init_from``)."""
+    return tiny_overrides(four_way, run, run.parent / "cache", f"init_from={start}", *extra)
+
+
+@pytest.mark.slow
+def test_init_from_fine_tunes_one_direction_from_the_multilingual_weights(
+    multilingual_run: tuple[Path, dict[str, Any]], four_way: Path, tmp_path: Path
+) -> None:
+    start = multilingual_run[0] / "checkpoints" / "best.ckpt"
+    cfg = compose_train(warm_start_overrides(tmp_path / "ft", start, four_way, "data.directions=[en-de]"))
+    fit = build_fit(cfg)
+    before = read_checkpoint(start)
+    weights = {k.removeprefix("model."): v for k, v in before["state_dict"].items()}
+    for name, value in fit.module.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    assert fit.datamodule.src_tokenizer.to_bytes() == before[CHECKPOINT_KEY]["src_spm"]
+
+    results = train(compose_train(warm_start_overrides(
+        tmp_path / "ft2", start, four_way, "data.directions=[en-de]", "trainer.max_steps=2"
+    )))  # fmt: skip
+    assert results["global_step"] == 2 and results["test_directions"] == ["en-de"]
+    after = read_checkpoint(tmp_path / "ft2" / "checkpoints" / "last.ckpt")
+    assert after[CHECKPOINT_KEY]["src_spm"] == before[CHECKPOINT_KEY]["src_spm"]  # its vocabulary, kept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ((), "data.directions"),  # bilingual sources would lack the tags the model reads
+        (("data.directions=[en-cs]",), "['cs']"),  # no <2cs> in its vocabulary
+        (("data.directions=[en-de]", "model.d_model=64"), "model.d_model=64 vs 32"),
+    ],
+)
+def test_init_from_refuses_a_run_its_weights_or_tags_do_not_fit(
+    multilingual_run: tuple[Path, dict[str, Any]], four_way: Path, tmp_path: Path, extra: tuple[str, ...],
+    message: str,
+) -> None:  # fmt: skip
+    start = multilingual_run[0] / "checkpoints" / "best.ckpt"
+    with pytest.raises(CheckpointError, match=re.escape(message)) as refused:
+        build_fit(compose_train(warm_start_overrides(tmp_path / "ft", start, four_way, *extra)))
+    assert f"init_from={start}" in str(refused.value)

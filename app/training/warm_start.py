@@ -1,0 +1,91 @@
+"""``init_from=CKPT``: start a new run from another run's weights and tokenizers (fine-tuning).
+
+``resume`` continues a run: its optimizer, schedule, step count and data position come back. A warm
+start begins a *new* run from a trained model: only the weights and the sentencepiece models are taken
+from the checkpoint, while the optimizer, the learning-rate schedule, the step counter and the data
+are this run's own. The typical use is a multilingual model fine-tuned on one of its directions:
+
+    python train.py experiment=multi30k_tiny_cosine_en_de_lc data.directions=[en-de] \\
+        init_from=runs/ml6/checkpoints/best.ckpt
+
+The checkpoint is opened weights-only (:func:`app.checkpoint.read_checkpoint`), so nothing in it runs.
+The model this run's config builds must take the weights as they are (same sizes and layout; dropout
+and the attention kernel may differ where the parameters agree); anything else is refused with the
+config keys that differ. The run's ``data.subword`` settings are not used: the text is cut into the
+checkpoint's pieces, which the weights were trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from app.checkpoint import CheckpointError, LoadedModel, load_model
+from app.data.multilingual import Languages, language_tag
+from app.data.tokenizer import Tokenizer
+from app.models.seq2seq import Seq2Seq
+
+log = logging.getLogger(__name__)
+
+
+def load_start(path: str, config: Mapping[str, Any]) -> LoadedModel:
+    """The model and tokenizers of checkpoint ``path``, checked to suit the run ``config`` describes."""
+    start = load_model(path)
+    check_languages(config, start, source=path)
+    log.info(
+        "init_from=%s: starting from its weights and tokenizers (%s parameters); data.subword is not used",
+        path,
+        f"{start.model.num_parameters():,}",
+    )
+    return start
+
+
+def check_languages(config: Mapping[str, Any], start: LoadedModel, *, source: str) -> None:
+    """Refuse a warm start whose sources would carry tags the start model never saw, or would lack the
+    tags it was trained to read."""
+    ours, theirs = Languages.from_config(config), Languages.from_config(start.config)
+    if theirs.tagged and not ours.tagged:
+        raise CheckpointError(
+            f"init_from={source} was trained with target-language tags ({theirs.describe()}); give "
+            f"data.directions (e.g. data.directions=[{theirs.directions[0]}]) so that this run's sources "
+            "carry them too"
+        )
+    if not ours.tagged:
+        return
+    missing = [lang for lang in ours.targets if not is_one_piece(start.src_tokenizer, language_tag(lang))]
+    if missing:
+        raise CheckpointError(
+            f"init_from={source}: its vocabulary has no tag for target language(s) {missing} that "
+            f"data.directions asks for; the model was trained on {theirs.describe()}"
+        )
+
+
+def is_one_piece(tokenizer: Tokenizer, symbol: str) -> bool:
+    """Whether ``symbol`` is a piece of ``tokenizer``'s vocabulary (a user-defined symbol), not split."""
+    pieces = [piece for piece in tokenizer.id_to_piece(tokenizer.encode([symbol])[0]) if piece != "▁"]
+    return pieces == [symbol]
+
+
+def load_weights(model: Seq2Seq, start: LoadedModel, config: Mapping[str, Any], *, source: str) -> None:
+    """Copy ``start``'s weights into ``model`` (built from this run's config), or say which model and
+    attention settings differ between the two configs when the weights do not fit."""
+    try:
+        model.load_state_dict(start.model.state_dict())
+    except RuntimeError as err:
+        differing = config_differences(config, start.config, ("model", "attention"))
+        raise CheckpointError(
+            f"init_from={source}: its weights do not fit the model this run builds; settings that differ "
+            f"(here vs there): {differing or 'none in model/attention'} ({str(err).splitlines()[0]})"
+        ) from err
+
+
+def config_differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], groups: tuple[str, ...]) -> str:
+    """``group.key=here vs there`` for every key of ``groups`` whose value differs, comma-separated."""
+    found = []
+    for group in groups:
+        a, b = ours.get(group) or {}, theirs.get(group) or {}
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                found.append(f"{group}.{key}={a.get(key)!r} vs {b.get(key)!r}")
+    return ", ".join(found)
