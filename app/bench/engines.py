@@ -1,14 +1,23 @@
-"""Decoding speed and quality of one checkpoint across engines, threads, batch sizes and beams.
+"""Decoding speed and quality of one checkpoint across engines, threads, batch sizes and beams, and with
+``--kernels``, across attention kernels.
 
-Engines: our PyTorch model in float32 and under bfloat16 autocast, and its CTranslate2 export in float32
-and int8 (exported to a temporary directory). Every measured *case* is (engine, threads, batch, beam):
-batch 1 measures latency (one call per sentence, ms/sentence), a larger batch measures throughput
-(sentences/s and target subwords/s). Rounds visit every case in turn, the engine order rotating each
-round so no engine always runs first (or on a warmer cache); the report keeps each case's median.
+Engines (:mod:`app.bench.engine_set`): our PyTorch model in float32 and under bfloat16 autocast, and its
+CTranslate2 export in float32 and int8 (exported to a temporary directory). Every measured *case* is
+(kernel, engine, threads, batch, beam): batch 1 measures latency (one call per sentence, ms/sentence), a
+larger batch measures throughput (sentences/s and target subwords/s); every case also reports the mean
+output length. Rounds visit every case in turn, the (kernel, engine) order rotating each round so none
+always runs first (or on a warmer cache); the report keeps each case's median.
+
+With ``--kernels`` (:mod:`app.bench.engine_kernels`) each name is an attention config of
+``conf/attention`` (no names: every registered kernel); the checkpoint's model is rebuilt with it, or
+``--checkpoint-for NAME=CKPT`` decodes a checkpoint trained with it. CTranslate2 rows appear only for
+attention it can represent (full softmax: eager, sdpa, flash); what could not run is named with why.
 
     python scripts/bench_engines.py runs/x/checkpoints/best.ckpt --json docs/bench/decoding.json
     python scripts/bench_engines.py CKPT --limit 200 --rounds 1                  # a quick smoke run
     python scripts/bench_engines.py CKPT --engines torch-fp32 ct2-int8 --threads 4 --beams 5
+    python scripts/bench_engines.py CKPT --kernels eager sdpa sparse linear lsh --threads 1 \\
+        --checkpoint-for sparse=runs/sparse/checkpoints/best.ckpt     # one trained per kernel: fair
 
 Defaults: test_2016_flickr de->en from Multi30k (``MULTI30K_DIR`` or ../shared/data/multi30k),
 threads 1 and 2, batch 1 (latency) and 64 (throughput), greedy and beam 5, 3 rounds, medians.
@@ -19,70 +28,42 @@ threads 1 and 2, batch 1 (latency) and 64 (throughput), greedy and beam 5, 3 rou
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import shlex
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from app.attention.registry import available_kernels
 from app.bench.decoding import read_lines
+from app.bench.engine_kernels import KernelVariant, open_kernel_engines
+from app.bench.engine_report import report
+from app.bench.engine_set import ENGINE_KINDS, EngineKey, open_engines
 from app.bench.timing import REPO_ROOT
 from app.checkpoint import CheckpointError
-from app.data.tokenizer import Tokenizer
-from app.export.ct2 import export_ct2
-from app.hardware import cpu_has_fast_bf16, cpu_model
-from app.inference.engine import Engine, SearchSettings, Translation, Truncated
-from app.inference.engines import CT2Engine, open_engine
+from app.hardware import cpu_description, cpu_has_fast_bf16
+from app.inference.engine import Engine, SearchSettings
 from app.inference.metrics import corpus_scores
-
-ENGINE_KINDS = ("torch-fp32", "torch-bf16", "ct2-fp32", "ct2-int8")
-CT2_QUANTIZATION = {"ct2-fp32": "float32", "ct2-int8": "int8"}
-
-
-class AutocastEngine(Engine):
-    """A torch engine run under bfloat16 autocast: matrix products in bf16, softmax, norms and the
-    search's log-probabilities stay float32 (``model.to(bfloat16)`` would round those too)."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.name = "torch-bf16"
-        self.source = inner.source
-        self.max_source_tokens = inner.max_source_tokens
-        self.tgt_tokenizer = inner.tgt_tokenizer
-
-    @property
-    def device(self) -> torch.device:
-        return self.inner.device
-
-    def translate_nbest(
-        self,
-        sentences: list[str],
-        settings: SearchSettings,
-        on_truncate: Truncated | None = None,
-        *,
-        details: bool = False,
-    ) -> list[list[Translation]]:
-        device = self.inner.device.type
-        with torch.autocast(device_type=device, dtype=torch.bfloat16):
-            return self.inner.translate_nbest(sentences, settings, on_truncate, details=details)
 
 
 @dataclass(frozen=True)
 class Case:
-    """One measured setting."""
+    """One measured setting; ``kernel`` is None for the checkpoint as trained (no ``--kernels``)."""
 
     engine: str
     threads: int
     batch: int
     beam: int
+    kernel: str | None = None
 
 
 @dataclass
@@ -90,46 +71,21 @@ class Measurement:
     case: Case
     sentences: int  # translated per round
     seconds: list[float] = field(default_factory=list)  # one per round
-    target_tokens: int = 0  # output subwords per round (from the last round)
+    target_tokens: int = 0  # output subwords per round, EOS included (from the last round)
     outputs: list[str] = field(default_factory=list)  # from the last round
 
     def row(self) -> dict[str, Any]:
         seconds = statistics.median(self.seconds)
-        row: dict[str, Any] = {**vars(self.case), "sentences": self.sentences, "rounds": len(self.seconds)}
+        case = {key: value for key, value in vars(self.case).items() if value is not None}
+        row: dict[str, Any] = {**case, "sentences": self.sentences, "rounds": len(self.seconds)}
         if self.case.batch == 1:
             row["ms_per_sentence"] = round(1000 * seconds / self.sentences, 2)
         else:
             row["sentences_per_s"] = round(self.sentences / seconds, 1)
             row["tokens_per_s"] = round(self.target_tokens / seconds, 1)
+        row["mean_output_length"] = round(self.target_tokens / self.sentences, 2)
+        row["round_seconds"] = list(self.seconds)  # the medians above come from these
         return row
-
-
-@contextmanager
-def open_engines(
-    checkpoint: str | Path, kinds: list[str], threads: list[int]
-) -> Iterator[tuple[dict[tuple[str, int], Engine], Tokenizer]]:
-    """An engine per (kind, threads), and the target tokenizer (to count output subwords alike for
-    every engine); CTranslate2 exports live in a temporary directory meanwhile.
-
-    Torch engines are shared across thread counts (``run_case`` sets torch's pool before each run);
-    CTranslate2 fixes its threads when loading, so it gets one translator per thread count."""
-    unknown = sorted(set(kinds) - set(ENGINE_KINDS))
-    if unknown:
-        raise ValueError(f"unknown engine {', '.join(unknown)}; choose from {', '.join(ENGINE_KINDS)}")
-    torch_engine = open_engine(checkpoint, engine="torch")
-    engines: dict[tuple[str, int], Engine] = {}
-    with tempfile.TemporaryDirectory(prefix="bench_decoding_") as tmp:
-        for kind in kinds:
-            if kind in CT2_QUANTIZATION:
-                exported = export_ct2(checkpoint, Path(tmp) / kind, quantization=CT2_QUANTIZATION[kind])
-            for count in threads:
-                if kind == "torch-fp32":
-                    engines[kind, count] = torch_engine
-                elif kind == "torch-bf16":
-                    engines[kind, count] = AutocastEngine(torch_engine)
-                else:
-                    engines[kind, count] = CT2Engine(exported, threads=count)
-        yield engines, torch_engine.tgt_tokenizer
 
 
 def run_case(engine: Engine, case: Case, sentences: list[str], beam_alpha: float) -> tuple[float, list[str]]:
@@ -154,6 +110,9 @@ class BenchmarkConfig:
     rounds: int = 3
     latency_lines: int | None = None  # sentences for batch 1 (all when None)
     length_penalty: float = 0.6
+    kernels: list[str] | None = None  # attention configs (conf/attention) to decode with; None: as trained
+    checkpoint_for: dict[str, str] = field(default_factory=dict)  # kernel -> a checkpoint trained with it
+    init_missing: bool = False  # time kernels whose parameters the checkpoint lacks with fresh ones
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or min(self.threads + self.batches + self.beams) < 1:
@@ -161,18 +120,46 @@ class BenchmarkConfig:
                 f"rounds ({self.rounds}), threads ({self.threads}), batches ({self.batches}) and "
                 f"beams ({self.beams}) must all be >= 1"
             )
+        if self.kernels is None and (self.checkpoint_for or self.init_missing):
+            raise ValueError("--checkpoint-for and --init-missing need --kernels")
 
 
-def round_cases(config: BenchmarkConfig, round_index: int) -> Iterator[Case]:
-    """The cases of one round, engines innermost so each setting compares them back to back; the
-    engine order rotates by one each round."""
-    shift = round_index % len(config.engines)
-    order = config.engines[shift:] + config.engines[:shift]
+Variant = tuple[str | None, str]  # (kernel, engine kind)
+
+
+def round_cases(
+    config: BenchmarkConfig, round_index: int, variants: list[Variant] | None = None
+) -> Iterator[Case]:
+    """The cases of one round, (kernel, engine) variants innermost so each setting compares them back to
+    back; their order rotates by one each round. ``variants`` default to the engines, kernel None."""
+    variants = variants if variants is not None else [(None, kind) for kind in config.engines]
+    shift = round_index % len(variants) if variants else 0
+    order = variants[shift:] + variants[:shift]
     for threads in config.threads:
         for batch in config.batches:
             for beam in config.beams:
-                for kind in order:
-                    yield Case(kind, threads, batch, beam)
+                for kernel, kind in order:
+                    yield Case(kind, threads, batch, beam, kernel)
+
+
+@contextmanager
+def open_bench_engines(
+    checkpoint: str | Path, config: BenchmarkConfig
+) -> Iterator[tuple[dict[EngineKey, Engine], dict[str, KernelVariant]]]:
+    """The engines to measure, keyed (kernel, kind, threads), and what each ``--kernels`` name became."""
+    if config.kernels is None:
+        with open_engines(checkpoint, config.engines, config.threads) as engines:
+            yield engines, {}
+        return
+    with open_kernel_engines(
+        checkpoint,
+        config.kernels,
+        config.engines,
+        config.threads,
+        checkpoint_for=config.checkpoint_for,
+        init_missing=config.init_missing,
+    ) as found:
+        yield found
 
 
 def benchmark(
@@ -181,24 +168,24 @@ def benchmark(
     references: list[str] | None,
     config: BenchmarkConfig,
 ) -> dict[str, Any]:
-    """Every case measured ``config.rounds`` times; medians, BLEU per (engine, beam), and how often
-    CTranslate2 float32 greedy matches torch float32 greedy exactly."""
+    """Every case measured ``config.rounds`` times; medians, BLEU per (kernel, engine, beam), and how
+    often CTranslate2 float32 greedy matches torch float32 greedy exactly."""
     measurements: dict[Case, Measurement] = {}
-    with open_engines(checkpoint, config.engines, config.threads) as (engines, tgt_tokenizer):
+    with open_bench_engines(checkpoint, config) as (engines, kernels):
+        variants = list(dict.fromkeys((kernel, kind) for kernel, kind, _ in engines))
         for engine in engines.values():  # warm-up: allocators, thread pools, lazy initialization
             for beam in config.beams:
                 engine.translate(sources[:4], SearchSettings(beam=beam))
-        for round_index in range(config.rounds):
-            for case in round_cases(config, round_index):
+        for round_index in range(config.rounds if variants else 0):
+            for case in round_cases(config, round_index, variants):
                 lines = sources[: config.latency_lines] if case.batch == 1 else sources
-                seconds, outputs = run_case(
-                    engines[case.engine, case.threads], case, lines, config.length_penalty
-                )
+                engine = engines[case.kernel, case.engine, case.threads]
+                seconds, outputs = run_case(engine, case, lines, config.length_penalty)
                 found = measurements.setdefault(case, Measurement(case, len(lines)))
                 found.seconds.append(seconds)
                 found.outputs = outputs
-                found.target_tokens = sum(len(ids) + 1 for ids in tgt_tokenizer.encode(outputs))  # + EOS
-    return summarize(measurements, sources, references, config)
+                found.target_tokens = sum(len(ids) + 1 for ids in engine.tgt_tokenizer.encode(outputs))
+    return summarize(measurements, sources, references, config, kernels)
 
 
 def summarize(
@@ -206,10 +193,12 @@ def summarize(
     sources: list[str],
     references: list[str] | None,
     config: BenchmarkConfig,
+    kernels: dict[str, KernelVariant] | None = None,
 ) -> dict[str, Any]:
-    """Rows with medians, BLEU of each (engine, beam) on the full-batch outputs, greedy agreement."""
+    """Rows with medians, BLEU of each (kernel, engine, beam) on the full-batch outputs, greedy agreement
+    (per kernel with ``--kernels``, beside what each kernel name became)."""
     full = {
-        (m.case.engine, m.case.beam): m.outputs
+        (m.case.kernel, m.case.engine, m.case.beam): m.outputs
         for m in measurements.values()
         if m.case.batch == max(config.batches) and len(m.outputs) == len(sources)
     }
@@ -219,45 +208,63 @@ def summarize(
     rows = []
     for m in measurements.values():
         row = m.row()
-        row["bleu"] = bleu.get((m.case.engine, m.case.beam))
+        row["bleu"] = bleu.get((m.case.kernel, m.case.engine, m.case.beam))
         rows.append(row)
-    agreement = None
-    if ("torch-fp32", 1) in full and ("ct2-fp32", 1) in full:
-        pairs = list(zip(full["torch-fp32", 1], full["ct2-fp32", 1], strict=True))
-        agreement = round(100 * sum(a == b for a, b in pairs) / len(pairs), 2)
-    return {"sentences": len(sources), "rows": rows, "ct2_fp32_greedy_equals_torch_percent": agreement}
+    agreement = {}
+    for kernel in {key[0] for key in full}:
+        if (kernel, "torch-fp32", 1) in full and (kernel, "ct2-fp32", 1) in full:
+            pairs = list(zip(full[kernel, "torch-fp32", 1], full[kernel, "ct2-fp32", 1], strict=True))
+            agreement[kernel] = round(100 * sum(a == b for a, b in pairs) / len(pairs), 2)
+    result = {
+        "sentences": len(sources),
+        "rows": rows,
+        "ct2_fp32_greedy_equals_torch_percent": agreement.get(None),
+    }
+    if config.kernels is not None:
+        result["kernels"] = {
+            name: {**asdict(variant), "ct2_fp32_greedy_equals_torch_percent": agreement.get(name)}
+            for name, variant in (kernels or {}).items()
+        }
+    return result
 
 
-def speed_table(result: dict[str, Any]) -> str:
-    """One line per (engine, threads, beam): batch-1 latency beside full-batch throughput, and BLEU."""
-    merged: dict[tuple[str, int, int], dict[str, Any]] = {}
-    for row in result["rows"]:
-        merged.setdefault((row["engine"], row["threads"], row["beam"]), {}).update(row)
-    lines = [
-        "| engine | threads | beam | batch 1 ms/sent | batch N sent/s | batch N tok/s | BLEU |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for (engine, threads, beam), row in sorted(merged.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        cells = [row.get(key, "") for key in ("ms_per_sentence", "sentences_per_s", "tokens_per_s", "bleu")]
-        lines.append(
-            f"| {engine} | {threads} | {beam} | "
-            + " | ".join(map(str, ["" if c is None else c for c in cells]))
-            + " |"
+def checkpoint_for(text: str) -> tuple[str, str]:
+    """``NAME=CKPT`` from the command line."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=CKPT (e.g. sparse=runs/sparse/best.ckpt), got {text!r}"
         )
-    agreement = result["ct2_fp32_greedy_equals_torch_percent"]
-    if agreement is not None:
-        lines.append(f"\nCT2 float32 greedy == torch float32 greedy on {agreement}% of lines.")
-    return "\n".join(lines)
+    return name, path
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line: a checkpoint, the sentences, and the engines and settings to compare."""
+    """The command line: a checkpoint, the sentences, and the engines, kernels and settings to compare."""
     data_dir = REPO_ROOT / os.environ.get("MULTI30K_DIR", "../shared/data/multi30k")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a .ckpt written by train.py (Transformer, pre-norm for CT2)")
     parser.add_argument("--source", type=Path, default=data_dir / "test_2016_flickr.de.gz")
     parser.add_argument("--reference", type=Path, default=data_dir / "test_2016_flickr.en.gz")
     parser.add_argument("--engines", nargs="+", default=list(ENGINE_KINDS), choices=ENGINE_KINDS)
+    parser.add_argument(
+        "--kernels",
+        nargs="*",
+        metavar="NAME",
+        help=f"attention configs of conf/attention to decode with (none: {' '.join(available_kernels())})",
+    )
+    parser.add_argument(
+        "--checkpoint-for",
+        nargs="+",
+        type=checkpoint_for,
+        default=[],
+        metavar="NAME=CKPT",
+        help="decode kernel NAME with CKPT as trained instead of the checkpoint's weights swapped under it",
+    )
+    parser.add_argument(
+        "--init-missing",
+        action="store_true",
+        help="time kernels with parameters the checkpoint lacks (linformer's) with fresh ones, not skip them",
+    )
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="1 = latency")
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 5], help="1 = greedy")
@@ -268,9 +275,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def ct2_version() -> str | None:
+    try:
+        return importlib.metadata.version("ctranslate2")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Measure every case, print the Markdown table, and write the whole result with ``--json``."""
+    """Measure every case, print the Markdown report, and write the whole result with ``--json``."""
     args = parse_args(argv)
+    command = shlex.join(["python", "scripts/bench_engines.py", *(sys.argv[1:] if argv is None else argv)])
     try:
         config = BenchmarkConfig(
             engines=args.engines,
@@ -279,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             beams=args.beams,
             rounds=args.rounds,
             latency_lines=args.latency_lines,
+            kernels=(args.kernels or available_kernels()) if args.kernels is not None else None,
+            checkpoint_for=dict(args.checkpoint_for),
+            init_missing=args.init_missing,
         )
         sources = read_lines(args.source, args.limit)
         references = read_lines(args.reference, args.limit) if args.reference.is_file() else None
@@ -286,14 +304,19 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    cpu = cpu_description()
     result |= {
+        "command": command,
         "checkpoint": str(args.checkpoint),
         "source": str(args.source),
-        "cpu": cpu_model(),
+        "cpu": cpu["cpu_model"],
+        "cpu_flags": cpu["cpu_flags"],
         "cpu_has_fast_bf16": cpu_has_fast_bf16(),
+        "torch": torch.__version__,
+        "ctranslate2": ct2_version(),
         "config": vars(config),
     }
-    print(speed_table(result))
+    print(report(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -66,6 +66,8 @@ def test_bench_engines_measures_every_case_with_bleu_and_agreement(
     assert result["ct2_fp32_greedy_equals_torch_percent"] == 100.0  # same model, same greedy search
 
     assert table.count("| torch-bf16 | 1 |") == 2 and "CT2 float32 greedy == torch float32 greedy" in table
+    assert table.startswith(f"Command: `{result['command']}`") and result["cpu_flags"] is not None
+    assert all(row["mean_output_length"] > 0 and len(row["round_seconds"]) == 2 for row in rows)
 
 
 def test_bench_engines_rejects_an_unknown_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
