@@ -1,0 +1,88 @@
+"""A run record: what a reader needs of one finished run, small enough to commit (docs/results/).
+
+``keep_run(run, record)`` copies from a run directory (:class:`app.rundir.RunDir`) its composed config
+and command line (``.hydra/config.yaml``, ``overrides.yaml``), ``results.json``, the logged metrics and
+the test translations (gzipped: ``csv/metrics.csv.gz``, ``test.hyp.gz``; every reader here takes either
+form) and the console log, shortened to its first and last lines when long. Extra files the run holds
+(a zero-shot translation, say) are kept when named, gzipped alike. Checkpoints never are.
+
+The record is assembled in a temporary directory beside its destination and renamed into place, so an
+interrupted copy leaves nothing half-made; an existing record is never overwritten.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.rundir import CONFIG, HYPOTHESES, LOG, METRICS, RESULTS, RunDir
+
+LOG_HEAD, LOG_TAIL = 30, 50  # lines of a long log a record keeps
+OVERRIDES = CONFIG.parent / "overrides.yaml"
+GZIPPED = (METRICS, Path(HYPOTHESES))  # kept as <name>.gz
+
+
+class RecordError(ValueError):
+    """A run that cannot be recorded (unfinished, or not a run), or a record that already exists."""
+
+
+def keep_run(run: str | Path, record: str | Path, *, extra: Sequence[str] = ()) -> list[Path]:
+    """Write the record of finished ``run`` to ``record``; returns the files written (relative paths)."""
+    source, record = RunDir(run), Path(record)
+    for needed in (source.config, source.results):
+        if not needed.is_file():
+            raise RecordError(f"{run} is not a finished run: {needed} does not exist")
+    if record.exists():
+        raise RecordError(f"{record} exists; choose another name or remove it first")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=record.parent, prefix=f".{record.name}-"))
+    try:
+        written = _copy_parts(source.root, tmp, extra)
+        tmp.rename(record)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return written
+
+
+def _copy_parts(run: Path, out: Path, extra: Sequence[str]) -> list[Path]:
+    written = []
+    for name in (CONFIG, OVERRIDES, Path(RESULTS)):
+        if (run / name).is_file():
+            written.append(_copy(run / name, out / name))
+    for name in (*GZIPPED, *(Path(e) for e in extra)):
+        path = run / name
+        if path.is_file():
+            written.append(_gzip(path, out / f"{name}.gz"))
+        elif name not in GZIPPED:
+            raise RecordError(f"{path} does not exist (named with --extra)")
+    if (run / LOG).is_file():
+        written.append(_short_log(run / LOG, out / LOG))
+    return [path.relative_to(out) for path in written]
+
+
+def _copy(path: Path, dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, dest)
+    return dest
+
+
+def _gzip(path: Path, dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("rb") as src, gzip.GzipFile(dest, "wb", mtime=0) as out:
+        shutil.copyfileobj(src, out)  # mtime=0: the same run gives the same bytes
+    return dest
+
+
+def _short_log(path: Path, dest: Path) -> Path:
+    """The log as it is, or its first :data:`LOG_HEAD` and last :data:`LOG_TAIL` lines with a note."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    if len(lines) > LOG_HEAD + LOG_TAIL:
+        left_out = len(lines) - LOG_HEAD - LOG_TAIL
+        note = f"[... {left_out} of {len(lines)} lines left out, first {LOG_HEAD} and last {LOG_TAIL} kept]\n"
+        lines = [*lines[:LOG_HEAD], note, *lines[-LOG_TAIL:]]
+    dest.write_text("".join(lines), encoding="utf-8")
+    return dest

@@ -1,0 +1,35 @@
+"""Copy a finished run into a small record for docs/results/ (library: :mod:`app.reports.record`).
+
+    python scripts/keep_run.py runs/ml6 docs/results/multi6_tiny_lc-cosine_4400steps
+    python scripts/keep_run.py runs/ml6 docs/results/X --extra zeroshot.de-fr.hyp   # gzipped alike
+
+Keeps the config and command line, results.json, metrics and test translations (gzipped) and the log
+(its first 30 and last 50 lines when longer); never checkpoints. An existing record is not overwritten.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install -e .`
+
+from app.reports.record import RecordError, keep_run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a finished run directory (holds results.json)")
+    parser.add_argument("record", type=Path, help="the record to write, e.g. docs/results/<name>")
+    parser.add_argument("--extra", nargs="*", default=[], help="more files of the run to keep, gzipped")
+    args = parser.parse_args()
+    try:
+        written = keep_run(args.run, args.record, extra=args.extra)
+    except RecordError as err:
+        print(f"keep_run: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(f"{args.record / path}" for path in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""scripts/keep_run.py: a finished run becomes a small record; checkpoints stay behind."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.training import REPO_ROOT
+
+from app.reports.record import LOG_HEAD, LOG_TAIL, RecordError, keep_run
+from app.reports.runs import read_run
+
+
+def fake_run(root: Path, log_lines: int = 10) -> Path:
+    """The files a finished train.py run leaves, checkpoints included."""
+    (root / ".hydra").mkdir(parents=True)
+    (root / ".hydra" / "config.yaml").write_text("seed: 1\nmodel: {name: transformer}\n")
+    (root / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (root / "csv").mkdir()
+    (root / "csv" / "metrics.csv").write_text("step,train/loss\n1,5.0\n2,4.0\n")
+    (root / "results.json").write_text(json.dumps({"test_bleu": 12.5}))
+    (root / "test.hyp").write_text("ein Hund .\nzwei Katzen .\n", encoding="utf-8")
+    (root / "zeroshot.hyp").write_text("un chien .\n", encoding="utf-8")
+    (root / "train.log").write_text("".join(f"line {i}\n" for i in range(log_lines)))
+    (root / "checkpoints").mkdir()
+    (root / "checkpoints" / "best.ckpt").write_bytes(b"weights")
+    return root
+
+
+def test_a_record_keeps_config_results_gzipped_metrics_and_translations(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run")
+    written = keep_run(run, tmp_path / "docs" / "rec", extra=["zeroshot.hyp"])
+    record = tmp_path / "docs" / "rec"
+    assert sorted(map(str, written)) == sorted([
+        ".hydra/config.yaml", ".hydra/overrides.yaml", "results.json", "csv/metrics.csv.gz",
+        "test.hyp.gz", "zeroshot.hyp.gz", "train.log",
+    ])  # fmt: skip
+    assert not (record / "checkpoints").exists()
+    assert gzip.decompress((record / "test.hyp.gz").read_bytes()) == (run / "test.hyp").read_bytes()
+    assert (record / "train.log").read_text() == (run / "train.log").read_text()  # short: kept whole
+    assert read_run(record).results == {"test_bleu": 12.5}  # the reports read a record as a run
+    assert not [p for p in record.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_a_long_log_keeps_its_ends_and_says_what_it_left_out(tmp_path: Path) -> None:
+    keep_run(fake_run(tmp_path / "run", log_lines=500), tmp_path / "rec")
+    lines = (tmp_path / "rec" / "train.log").read_text().splitlines()
+    assert lines[:LOG_HEAD] == [f"line {i}" for i in range(LOG_HEAD)]
+    assert lines[-LOG_TAIL:] == [f"line {i}" for i in range(500 - LOG_TAIL, 500)]
+    assert (
+        lines[LOG_HEAD]
+        == f"[... {500 - LOG_HEAD - LOG_TAIL} of 500 lines left out, first 30 and last 50 kept]"
+    )
+
+
+def test_unfinished_runs_existing_records_and_missing_extras_are_refused(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run")
+    (tmp_path / "rec").mkdir()
+    with pytest.raises(RecordError, match="exists"):
+        keep_run(run, tmp_path / "rec")
+    with pytest.raises(RecordError, match=r"nothing\.hyp does not exist"):
+        keep_run(run, tmp_path / "rec2", extra=["nothing.hyp"])
+    assert not (tmp_path / "rec2").exists() and len(list(tmp_path.iterdir())) == 2  # nothing half-made
+    (run / "results.json").unlink()
+    with pytest.raises(RecordError, match="not a finished run"):
+        keep_run(run, tmp_path / "rec3")
+
+
+def test_the_script_reports_a_refusal_with_exit_2(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "scripts/keep_run.py", str(tmp_path / "none"), str(tmp_path / "rec")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "not a finished run" in done.stderr
