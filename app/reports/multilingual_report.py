@@ -73,9 +73,9 @@ def report_table(report: Mapping[str, Any]) -> Table:
         ])  # fmt: skip
     mean = report["mean"]
     if mean is not None:
-        ml, bi = mean["multilingual"], mean["bilingual"]
+        ml, bi, count = mean["multilingual"], mean["bilingual"], len(mean["directions"])
         rows.append([
-            f"mean ({len(mean['directions'])} directions)", f"{ml[metric]:.2f}", f"{bi[metric]:.2f}",
+            f"mean ({count} direction{'s' * (count > 1)})", f"{ml[metric]:.2f}", f"{bi[metric]:.2f}",
             f"{mean['delta']:+.2f}", "", "", "", f"{ml['chrf']:.1f} / {bi['chrf']:.1f}",
             *cost_cells(ml_costs, mean["bilingual_costs_summed"]),
         ])  # fmt: skip
