@@ -5,5 +5,6 @@ and comparable groups), ``significance`` (spread over seeds, the sentence- and s
 ``measurements`` (what needs checkpoints: KV-cache bytes, decoding speed, attention maps), ``figures``
 (matplotlib, byte-stable PNGs), ``render`` (one Table and document model, written as Markdown and HTML),
 ``report`` (the ablation report, assembled from those; ``callback`` runs it when a sweep ends), and the
-smaller reports ``summary`` (a table of runs), ``loss_match`` (two runs' training losses) and ``eole``.
+smaller reports ``summary`` (a table of runs), ``loss_match`` (two runs' training losses), ``eole`` and
+``multilingual`` with ``multilingual_report`` (one multilingual model against bilingual ones, per direction).
 """

@@ -32,6 +32,7 @@ from app.reports.measurements import (
 from app.reports.render import Block, Bullets, Heading, Images, MarkdownOnly, Paragraph, Table, Warnings
 from app.reports.render import html as render_html
 from app.reports.render import markdown as render_markdown
+from app.reports.runs import describe_machine
 from app.reports.significance import SAMPLES, SEED, SIGNIFICANCE, baseline_comparison, mean_std
 from app.reports.variants import (
     Group,
@@ -174,15 +175,7 @@ def trained_on(group: Group) -> str:
     sweep ran at a time; runs from before that record say where they decoded the test set."""
     machines, jobs = set(), set()
     for run in (run for variant in group.variants for run in variant.runs):
-        results = run.results or {}
-        machine = results.get("machine")
-        if machine:
-            accelerator = "" if machine["device"] == "cpu" else f"{machine['device']}, "
-            cpu = f"{machine['cpu_model']} ({machine['threads']} threads)"
-            machines.add(f"{accelerator}{cpu}, torch {machine['torch']}")
-        else:
-            decoded_on = results.get("test_decode_device", "?")
-            machines.add(f"not recorded by these runs (test decoded on {decoded_on})")
+        machines.add(describe_machine(run.results or {}, "these runs"))
         jobs.add(jobs_at_a_time(run.path.parent))
     parallel = "; ".join(f"{n} job(s) at a time" for n in sorted(jobs, key=str) if n is not None)
     return "; ".join(sorted(machines)) + (f"; {parallel}" if parallel else "")

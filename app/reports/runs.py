@@ -74,6 +74,16 @@ class RunRecord:
         return f"{self.path}: {self.status}; files: {', '.join(present) or 'none'}; last log line: {last[0]}"
 
 
+def describe_machine(results: dict[str, Any], who: str = "this run") -> str:
+    """Where a run trained (results.json ``machine``): ``cuda, AMD EPYC (16 threads), torch 2.13.0``; runs
+    from before that record say where they decoded the test set."""
+    machine = results.get("machine")
+    if not machine:
+        return f"not recorded by {who} (test decoded on {results.get('test_decode_device', '?')})"
+    accelerator = "" if machine["device"] == "cpu" else f"{machine['device']}, "
+    return f"{accelerator}{machine['cpu_model']} ({machine['threads']} threads), torch {machine['torch']}"
+
+
 def is_run_dir(path: Path) -> bool:
     return RunDir(path).config.is_file()
 

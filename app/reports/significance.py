@@ -63,14 +63,20 @@ def sacrebleu_seed(seed: int) -> Iterator[None]:
 
 
 def paired_bootstrap(
-    baseline: list[str], system: list[str], references: list[str], *, samples: int = SAMPLES
+    baseline: list[str],
+    system: list[str],
+    references: list[str],
+    *,
+    samples: int = SAMPLES,
+    lowercase: bool = False,
 ) -> dict[str, float]:
-    """sacreBLEU's paired bootstrap test of ``system`` against ``baseline`` (cased BLEU): the system's
-    score, its bootstrap mean and 95% CI half-width, the difference and the p-value."""
+    """sacreBLEU's paired bootstrap test of ``system`` against ``baseline`` (cased BLEU, or lowercased with
+    ``lowercase``): the system's score, its bootstrap mean and 95% CI half-width, the difference and the
+    p-value."""
     with sacrebleu_seed(SEED):
         test = PairedTest(
             [("baseline", baseline), ("system", system)],
-            {"BLEU": BLEU()},
+            {"BLEU": BLEU(lowercase=lowercase)},
             [references],
             test_type="bs",
             n_samples=samples,

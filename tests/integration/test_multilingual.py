@@ -17,6 +17,7 @@ import torch
 from helpers.models import TINY_TRANSFORMER
 from helpers.server import TIMEOUT, running_server
 from helpers.training import compose_train, logged_column, tiny_overrides
+from omegaconf import OmegaConf
 
 from app.checkpoint import CHECKPOINT_KEY, CheckpointError, read_checkpoint, save_atomically
 from app.data.multilingual import DIRECTION_COLUMN, direction_codes, direction_spans, temperature_rows
@@ -27,6 +28,7 @@ from app.inference.engines import open_engine
 from app.inference.languages import TaggedEngine
 from app.inference.run_scoring import rescore_run
 from app.inference.translator import Translator
+from app.reports.multilingual import build_report
 from app.serving import ServerLimits, create_app
 from app.training.task import build_fit, subword_tokenizers, train
 
@@ -123,7 +125,11 @@ def multilingual_run(four_way: Path, tmp_path_factory: pytest.TempPathFactory) -
         "trainer.max_steps=6",
         "trainer.val_check_interval=6",
     )
-    return run_dir, train(compose_train(overrides))
+    config = compose_train(overrides)
+    results = train(config)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(config, run_dir / ".hydra" / "config.yaml")  # the composed config, as Hydra keeps it
+    return run_dir, results
 
 
 @pytest.mark.slow
@@ -140,6 +146,34 @@ def test_a_multilingual_run_scores_every_direction(multilingual_run: tuple[Path,
     assert (run_dir / "test.hyp").read_text(encoding="utf-8").count("\n") == SLICE["test_2016_flickr"] * 3
     rescored = rescore_run(run_dir, ["selection.direction=null"])  # scripts/rescore.py: by the mean now
     assert rescored["test_directions"] == DIRECTIONS and "test_bleu/de-en" in rescored
+
+
+@pytest.mark.slow
+def test_the_multilingual_report_scores_a_run_as_the_run_scored_itself(
+    multilingual_run: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """scripts/report_multilingual.py on a real run: test.hyp split by direction, each direction's scores
+    equal to its results.json's; the run's own en-fr translations as the bilingual side differ by 0."""
+    run_dir, results = multilingual_run
+    bilingual = tmp_path / "bi_en-fr"
+    (bilingual / ".hydra").mkdir(parents=True)
+    config = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    config.data.directions, config.data.src_lang, config.data.tgt_lang = None, "en", "fr"
+    OmegaConf.save(config, bilingual / ".hydra" / "config.yaml")
+    lines = (run_dir / "test.hyp").read_text(encoding="utf-8").splitlines(keepends=True)
+    size = SLICE["test_2016_flickr"]
+    (bilingual / "test.hyp").write_text("".join(lines[2 * size : 3 * size]), encoding="utf-8")
+    (bilingual / "results.json").write_text("{}")
+    report = build_report(run_dir, [bilingual])
+    assert report["warnings"] == []  # nothing recomputed differs from results.json
+    rows = {row["direction"]: row for row in report["rows"]}
+    assert list(rows) == DIRECTIONS
+    for direction in DIRECTIONS:
+        for metric in ("bleu", "bleu_lc", "chrf"):
+            found = rows[direction]["multilingual"][metric]
+            assert round(found, 2) == results[f"test_{metric}/{direction}"]
+    assert rows["en-fr"]["delta"] == 0 and rows["en-fr"]["p_value"] == 1.0
+    assert report["multilingual"]["steps"] == results["global_step"]
 
 
 @pytest.mark.slow
