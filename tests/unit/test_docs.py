@@ -12,7 +12,9 @@ from helpers.training import REPO_ROOT
 
 DOCS = REPO_ROOT / "docs"
 INDEX = DOCS / "README.md"
-RECORD_NAME = re.compile(r"^(de_en|en_de)_(small|tiny|mid|rnn)_[a-z0-9]+(-[a-z0-9]+)*_\d+min$")
+RECORD_NAME = re.compile(
+    r"^([a-z]{2}_[a-z]{2}|multi\d+)_(small|tiny|mid|rnn)_[a-z0-9]+(-[a-z0-9]+)*_\d+(min|steps)$"
+)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MAX_DOCS_BYTES = 5 * 1000 * 1000
 
