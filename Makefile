@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 MULTI30K_SOURCE ?= $(wildcard ../shared/data/multi30k)
 # Where `make demo` trains: git-ignored (docs/results/de_en_small_quickstart_8min is the committed record of one such run).
 RUN_DIR ?= runs/quickstart
+# The recipe `make demo` trains: empty to choose from measurements (scripts/quickstart.py), or
+# quickstart (bf16) / quickstart_fp32 to force one, e.g. `make demo RECIPE=quickstart_fp32`.
+RECIPE ?=
 
 .PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode \
 	ablation-gpu ablation-cpu ablation-length ablation-rnn clean
@@ -24,8 +27,8 @@ $(VENV)/.installed: pyproject.toml
 data: install  ## prepare Multi30k under data/multi30k (copy from MULTI30K_SOURCE or download)
 	$(PY) scripts/prepare_data.py $(if $(MULTI30K_SOURCE),--source $(MULTI30K_SOURCE))
 
-demo: data  ## the main job: train the quickstart experiment (<= 10 min on 2 CPU cores), then translate
-	$(PY) train.py experiment=quickstart hydra.run.dir=$(RUN_DIR)
+demo: data  ## the main job: measure, train quickstart or quickstart_fp32 (<= 10 min on 2 CPU cores), translate
+	$(PY) scripts/quickstart.py$(if $(RECIPE), --recipe $(RECIPE)) hydra.run.dir=$(RUN_DIR)
 	$(PY) translate.py $(RUN_DIR)/checkpoints/best.ckpt "Ein Mann fährt mit dem Fahrrad." "Zwei Hunde spielen im Schnee."
 
 test: install  ## every test of every layer (unit, integration, scripts), slow-marked ones included (CI)

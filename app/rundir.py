@@ -10,6 +10,7 @@ reports, the eole comparison) reach its files through :class:`RunDir` instead of
     <run>/results.json            test scores, written when training and the test evaluation finished
     <run>/test.hyp                the test-set translations, one per line, written with results.json
     <run>/FAILED                  a sweep job that raised: its exit and the end of its error output
+    <run>/recipe.json             scripts/quickstart.py's choice of experiment, why, and what it measured
     <run>/checkpoints/best.ckpt   best by the validation metric
     <run>/checkpoints/last.ckpt   the newest state (resume starts here)
     <run>/checkpoints/step-0001200.ckpt   every N steps, the newest ``checkpoint.keep_last`` kept
@@ -27,6 +28,7 @@ LOG = "train.log"
 RESULTS = "results.json"
 HYPOTHESES = "test.hyp"
 FAILED = "FAILED"
+RECIPE = "recipe.json"
 CHECKPOINTS = "checkpoints"
 BEST = "best.ckpt"
 LAST = "last.ckpt"
@@ -66,6 +68,10 @@ class RunDir:
     @property
     def failed(self) -> Path:
         return self.root / FAILED
+
+    @property
+    def recipe(self) -> Path:
+        return self.root / RECIPE
 
     @property
     def checkpoints(self) -> Path:
