@@ -10,7 +10,7 @@ RUN_DIR ?= runs/quickstart
 RECIPE ?=
 
 .PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode \
-	ablation-gpu ablation-cpu ablation-length ablation-rnn clean
+	ablation-gpu ablation-cpu ablation-length ablation-length-ft ablation-rnn clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -76,6 +76,18 @@ ablation-cpu: data  ## sweep (a) on a CPU: the same 6 variants x 3 seeds, 4 min 
 ablation-length: data  ## sweep (c): 7 attention choices x input lengths (data.concat) x 3 seeds, 10 min each, resumable
 	$(PY) train.py -m experiment=ablation_length attention=eager,sdpa,sparse,linear,linformer,lsh,long_mix \
 		data.concat=1,4,16,64 seed=1,2,3 hydra.sweep.dir=$(SWEEP) resume=true
+
+# The fine-tune arm's lengths (K=1 would only train the start model 10 more minutes at its own length).
+FT_CONCAT ?= 4,16,64
+ifneq ($(filter ablation-length-ft,$(MAKECMDGOALS)),)
+ifndef FROM
+$(error make ablation-length-ft needs FROM=<the scratch sweep dir of make ablation-length>)
+endif
+endif
+ablation-length-ft: data  ## its fine-tune arm: each job starts from FROM's data.concat=1 job (same attention, seed)
+	$(PY) train.py -m experiment=ablation_length_finetune from_sweep=$(FROM) \
+		attention=eager,sdpa,sparse,linear,linformer,lsh,long_mix data.concat=$(FT_CONCAT) seed=1,2,3 \
+		hydra.sweep.dir=$(SWEEP) resume=true
 
 ablation-rnn: data  ## sweep (b): the 4 RNN attention mechanisms x 3 seeds, 3 min each, report in SWEEP
 	$(PY) train.py -m experiment=ablation_rnn attention=additive,luong_dot,luong_general,luong_concat \

@@ -7,22 +7,28 @@ greedy decoding speed at each length, and, per variant, the first length at whic
 baseline in speed and in memory on the machine that ran it, with what it costs in BLEU there (the
 group's own paired tests against its baseline). A job that failed (out of memory, say) is shown as
 failed at its length, never dropped.
+
+Runs that started differently (trained from scratch, or fine-tuned from the data.concat=1 checkpoints
+of a scratch sweep: experiment=ablation_length_finetune) are separate groups (their held "start"
+differs), and each such arm is lined up on its own: a fine-tuned group is never the scratch group of
+its length.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from app.reports.render import Block, Bullets, Heading, Paragraph, Table
-from app.reports.variants import Group, attention_name
+from app.reports.variants import START, Group, attention_name, describe_start, pick_baseline
 
 LENGTH_KEY = "data.concat"
 METRICS = {  # report-row column -> (what the length table calls it, higher is better)
     "bleu": ("BLEU", True),
     "train_tokens_per_s": ("train tokens/s", True),
     "peak_mb": ("peak MB", False),
-    "decode_sent_s_greedy": ("decode sent/s", True),
+    "decode_sent_s_greedy": ("decode sent/s (sentences, not examples)", True),
 }
 
 
@@ -40,16 +46,17 @@ def group_length(group: Group) -> int:
     return int(group.held.get("input length", {}).get(LENGTH_KEY) or 1)
 
 
-def lined_up(groups: list[Group]) -> list[int] | None:
-    """Indices of the groups ordered by length, when they differ in length and nothing else held equal
-    (data, model size, budget); None otherwise (nothing to line up)."""
-    if len(groups) < 2:
-        return None
-    others = [{k: v for k, v in g.held.items() if k != "input length"} for g in groups]
-    lengths = [group_length(g) for g in groups]
-    if any(o != others[0] for o in others) or len(set(lengths)) != len(lengths):
-        return None
-    return sorted(range(len(groups)), key=lambda i: lengths[i])
+def arms(groups: list[Group]) -> list[list[int]]:
+    """Indices of the groups that line up by length, one list per arm, each ordered by length: groups
+    whose held settings other than the length are all equal (data, model size, budget, and the start:
+    a fine-tune arm never lines up with the scratch groups of the same lengths). Arms of one group only
+    are left out (nothing to line up)."""
+    by_arm: dict[str, list[int]] = {}
+    for index, group in enumerate(groups):
+        others = {k: v for k, v in group.held.items() if k != "input length"}
+        by_arm.setdefault(json.dumps(others, sort_keys=True, default=str), []).append(index)
+    ordered = (sorted(members, key=lambda i: group_length(groups[i])) for members in by_arm.values())
+    return [members for members in ordered if len(members) > 1]
 
 
 def points(
@@ -137,24 +144,55 @@ def crossover_lines(found: dict[str, list[LengthPoint]], baseline: str) -> list[
     return lines
 
 
-def length_section(
-    groups: list[Group], rows: list[list[dict[str, Any]]], baseline: str
-) -> tuple[list[Block], dict[str, list[LengthPoint]]] | None:
-    """The report's "across input lengths" part, and its points for the figure; None when the groups do
-    not line up by length."""
-    order = lined_up(groups)
-    if order is None:
-        return None
+@dataclass
+class LengthSection:
+    """One arm's part of the report lined up by length, and its points (for the figure)."""
+
+    blocks: list[Block]
+    found: dict[str, list[LengthPoint]]
+
+
+def length_sections(
+    groups: list[Group], rows: list[list[dict[str, Any]]], baseline: str | None
+) -> list[LengthSection]:
+    """The report's "across input lengths" parts: one per arm (:func:`arms`); none when no groups line
+    up. The baseline is ``baseline`` or each arm's default (:func:`~app.reports.variants.pick_baseline`)."""
+    found_arms = arms(groups)
+    sections = []
+    for order in found_arms:
+        base = pick_baseline(groups[min(order)].variants, baseline)
+        if base is None:
+            continue
+        title = "Across input lengths"
+        if len(found_arms) > 1:
+            numbers = ", ".join(str(i + 1) for i in order)
+            title += f": {describe_start(groups[order[0]].held.get(START, {}))} (groups {numbers})"
+        sections.append(arm_section(groups, rows, order, base.name, title))
+    return sections
+
+
+def arm_section(
+    groups: list[Group], rows: list[list[dict[str, Any]]], order: list[int], baseline: str, title: str
+) -> LengthSection:
+    """The groups ``order`` (one arm, by length) lined up: where each variant overtakes the baseline, and
+    one table per metric."""
     lengths = [group_length(groups[i]) for i in order]
     found = points(groups, rows, order)
+    start = groups[order[0]].held.get(START, {})
+    scope = (
+        f" Start: {describe_start(start)}; these groups are compared among themselves only, never with "
+        "the scratch groups of the same lengths."
+        if start
+        else ""
+    )
     blocks: list[Block] = [
-        Heading("Across input lengths", level=2),
+        Heading(title, level=2),
         Paragraph(
             f"Groups {', '.join(str(i + 1) for i in order)} differ only in `{LENGTH_KEY}` (sentence pairs "
             f"per example: {', '.join(map(str, lengths))}); every other held setting is equal. Baseline: "
-            f"{baseline}. A cell names a job's status where no seed finished."
+            f"{baseline}. A cell names a job's status where no seed finished.{scope}"
         ),
         Bullets(crossover_lines(found, baseline)),
     ]
     blocks += [metric_table(found, lengths, key, label) for key, (label, _) in METRICS.items()]
-    return blocks, found
+    return LengthSection(blocks, found)

@@ -1,18 +1,16 @@
-"""What an ablation report measures beyond the runs' own results: KV-cache bytes, decoding speed and
-attention maps.
+"""What an ablation report measures beyond the runs' own results: KV-cache bytes and attention maps
+(decoding speed: :mod:`app.reports.decode_speed`).
 
-The KV-cache size comes from each kernel's own accounting. Decoding speed is measured here, for every
-variant in alternating rounds with the same threads and batch, on each variant's best checkpoint; the
-attention maps are drawn from the first seed's best checkpoint. Both are cached beside the report
-(``decode_speed.json``, ``attention_maps.json``) so that a regenerated report, or one made from a copy of
-the sweep without its checkpoints, is identical.
+The KV-cache size comes from each kernel's own accounting. The attention maps are drawn from the first
+seed's best checkpoint, for short test sentences only (:func:`attention_skipped`), and cached beside the
+report (``attention_maps.json``) so that a regenerated report, or one made from a copy of the sweep
+without its checkpoints, is identical.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +20,15 @@ from app.attention.config import site_specs
 from app.attention.registry import build_kernel
 from app.inference.engine import AttentionMap, SearchSettings
 from app.inference.engines import open_engine
-from app.inference.evaluate import evaluate
 from app.reports.variants import Group, Variant
 
 # The output length over which the decoder cache's growth per generated token is averaged: kernels that
 # keep a window (sparse) or a fixed-size state (linear) grow less per token the longer the output.
 KV_LENGTH = 64
 WEIGHT_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
-DECODE_CACHE = "decode_speed.json"
 ATTENTION_CACHE = "attention_maps.json"
 ATTENTION_SENTENCE = 0  # the test sentence (0-based line) whose cross-attention every variant draws
+ATTENTION_MAX_WORDS = 64  # longer test sentences get no map: unreadable, and each variant decodes it
 
 
 def kv_cache_bytes_per_token(
@@ -61,54 +58,6 @@ def cache_key(runs: dict[str, Path], cache_dir: Path) -> str:
     it lies inside it, so a sweep directory copied elsewhere (without its checkpoints) still finds its
     measurements."""
     return json.dumps({name: os.path.relpath(path, cache_dir) for name, path in runs.items()}, sort_keys=True)
-
-
-def measure_decode_speed(
-    variants: list[Variant],
-    sources: list[str],
-    *,
-    rounds: int = 3,
-    beams: tuple[int, ...] = (1, 5),
-    batch_size: int = 64,
-    threads: int = 1,
-    device: str | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Sentences/s per variant and beam: the median of ``rounds`` passes, variants interleaved within each
-    round so that machine load drifts hit them all alike. Same device, threads, batch and sentences for
-    all. ``device`` defaults to the GPU when there is one (else the CPU, on ``threads`` threads)."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch.set_num_threads(threads)
-    engines = {v.name: open_engine(v.best_run().files.best, engine="torch", device=device) for v in variants}
-    timings: dict[str, dict[str, list[float]]] = {name: {} for name in engines}
-    for _ in range(rounds):
-        for beam in beams:
-            settings = SearchSettings(beam=beam, batch_size=batch_size)
-            for name, engine in engines.items():
-                speed = evaluate(engine, sources, None, settings, warmup=True).sentences_per_s
-                timings[name].setdefault(f"beam{beam}", []).append(speed)
-    return {
-        name: {key: round(statistics.median(values), 1) for key, values in per_beam.items()}
-        | {"device": device, "threads": threads, "batch_size": batch_size, "rounds": rounds}
-        | {"sentences": len(sources)}
-        for name, per_beam in timings.items()
-    }
-
-
-def decode_speeds(
-    group: Group, sources: list[str] | None, cache: Path, *, limit: int | None, remeasure: bool
-) -> dict[str, dict[str, Any]]:
-    """The group's decode speeds on its test ``sources``, read from ``cache`` when measured before for the
-    same checkpoints; empty when there is nothing to time (no test sources, or a variant without its
-    best checkpoint)."""
-    key = cache_key({v.name: v.best_run().path for v in group.variants}, cache.parent)
-    stored = json.loads(cache.read_text()) if cache.is_file() else {}
-    if key in stored and not remeasure:
-        return stored[key]
-    if sources is None or not all(v.best_run().files.best.is_file() for v in group.variants):
-        return {}
-    stored[key] = measure_decode_speed(group.variants, sources[:limit] if limit else sources)
-    cache.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
-    return stored[key]
 
 
 def attention_panels(variants: list[Variant], sentence: str) -> dict[str, AttentionMap | str]:
@@ -165,6 +114,19 @@ def cached_attention_panels(
         stored[key] = {name: panel_to_json(panel) for name, panel in panels.items()}
         cache.write_text(json.dumps(stored, sort_keys=True) + "\n")
     return {name: panel_from_json(panel) for name, panel in stored[key].items()}
+
+
+def attention_skipped(k: int, sentence: str) -> str | None:
+    """Why the group's attention maps are not drawn, or None when they are: only for single sentences
+    (``data.concat`` = 1) of at most :data:`ATTENTION_MAX_WORDS` words. A map of a K=64 example would be
+    ~1,500 x 1,000 cells, and drawing it means decoding that example with every variant."""
+    if k > 1:
+        return f"not drawn for examples of {k} joined sentence pairs (drawn for single sentences only)"
+    words = len(sentence.split())
+    if words > ATTENTION_MAX_WORDS:
+        line = ATTENTION_SENTENCE + 1
+        return f"not drawn: test sentence {line} has {words} words (at most {ATTENTION_MAX_WORDS})"
+    return None
 
 
 def group_attention(

@@ -13,19 +13,27 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.inference.plot import comparison_figure
 from app.reports import figures
+from app.reports.decode_speed import (
+    DECODE_CACHE,
+    DecodeSettings,
+    decode_speeds,
+    describe_timing,
+    output_cap,
+    sweep_settings,
+)
 from app.reports.lengths import METRICS as LENGTH_METRICS
-from app.reports.lengths import length_section
+from app.reports.lengths import group_length, length_sections
 from app.reports.measurements import (
     ATTENTION_CACHE,
     ATTENTION_SENTENCE,
-    DECODE_CACHE,
     KV_LENGTH,
-    decode_speeds,
+    attention_skipped,
     group_attention,
     kv_cache_bytes_per_token,
 )
@@ -35,15 +43,17 @@ from app.reports.render import markdown as render_markdown
 from app.reports.runs import describe_machine
 from app.reports.significance import SAMPLES, SEED, SIGNIFICANCE, baseline_comparison, mean_std
 from app.reports.variants import (
+    START,
     Group,
     Variant,
+    describe_start,
     group_runs,
-    group_test_texts,
     jobs_at_a_time,
+    joined,
     pick_baseline,
     sweep_runs,
+    test_pairs,
 )
-from app.rundir import BEST
 
 log = logging.getLogger(__name__)
 
@@ -144,15 +154,24 @@ def headline_table(rows: list[dict[str, Any]]) -> Table:
     return Table(HEADLINE, lines)
 
 
-def header_lines(group: Group, baseline: Variant | None, speeds: dict[str, Any]) -> list[str]:
+def header_lines(
+    group: Group, baseline: Variant | None, speeds: dict[str, Any], attention_note: str | None = None
+) -> list[str]:
     """What was held equal, how the comparison was made, which jobs are missing."""
     budget = {k.removeprefix("trainer."): v for k, v in group.held["budget"].items() if v is not None}
     lines = [
         f"data: {json.dumps(group.held['data'], default=str)}",
         f"model size: {json.dumps(group.held['model size'], default=str)}",
         f"budget: {json.dumps(budget)} (training stops at whichever is reached first)",
+    ]
+    if group.held.get("input length"):  # a length sweep's group (older runs have no data.concat)
+        lines.append(f"input length: {group_length(group)} sentence pair(s) per example (data.concat)")
+    if group.held.get(START):
+        lines.append(f"start: {describe_start(group.held[START])}")
+    lines += [
         f"trained on: {trained_on(group)}",
-        f"decoding speed: {decode_conditions(speeds)}",
+        f"decoding speed: {describe_timing(speeds)}",
+        *([f"attention maps: {attention_note}"] if attention_note else []),
         f"kv_bytes_per_token: decoder self-attention cache bytes per generated token, all layers, "
         f"averaged over a {KV_LENGTH}-token output (each kernel's cache_bytes; window and fixed-state "
         "kernels grow less)",
@@ -181,16 +200,14 @@ def trained_on(group: Group) -> str:
     return "; ".join(sorted(machines)) + (f"; {parallel}" if parallel else "")
 
 
-def decode_conditions(speeds: dict[str, Any]) -> str:
-    """How the decoding speeds were timed (the same for every variant), or why there are none."""
-    if not speeds:
-        return f"not measured (no {BEST} of every variant, or no test files, where the report ran)"
-    any_variant = next(iter(speeds.values()))
-    return (
-        f"best checkpoint of each variant on {any_variant.get('device', 'cpu')}, "
-        f"{any_variant['threads']} thread(s), batch {any_variant['batch_size']}, "
-        f"{any_variant['sentences']} test sentences, median of {any_variant['rounds']} alternating rounds"
-    )
+def speed_axis(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """The decode-speed column the BLEU-vs-speed figure plots: beam 5, or greedy where only greedy was
+    timed (a length sweep's bounded measurement)."""
+    if all(row["decode_sent_s_beam5"] is None for row in rows) and any(
+        row["decode_sent_s_greedy"] is not None for row in rows
+    ):
+        return "decode_sent_s_greedy", "decode sentences/s, greedy"
+    return "decode_sent_s_beam5", "decode sentences/s, beam 5"
 
 
 def group_section(
@@ -199,32 +216,37 @@ def group_section(
     out_dir: Path,
     *,
     baseline: str | None,
-    decode_limit: int | None,
+    decode: DecodeSettings,
     remeasure: bool,
 ) -> tuple[list[dict[str, Any]], list[Block], dict[str, bytes]]:
     """One group's rows, its part of the report and its figures (by file name, ``group<number>_*.png``)."""
     base = pick_baseline(group.variants, baseline)
-    texts = group_test_texts(group)
-    sources, references = texts if texts else (None, None)
-    speeds = decode_speeds(group, sources, out_dir / DECODE_CACHE, limit=decode_limit, remeasure=remeasure)
+    k = group_length(group)
+    pairs = test_pairs(group.variants[0].runs[0]) if group.variants else None  # data is held equal
+    sources, references = joined(pairs, k) if pairs else (None, None)
+    settings = replace(decode, max_len=output_cap(group))
+    speeds = decode_speeds(
+        group, pairs[0] if pairs else None, k, out_dir / DECODE_CACHE, settings=settings, remeasure=remeasure
+    )
     rows = [variant_row(v, base, references, speeds) for v in group.variants]
     pngs = {
         f"group{number}_curves.png": figures.seed_bands_png(group),
-        f"group{number}_bleu_vs_speed.png": figures.tradeoff_png(
-            rows, "decode_sent_s_beam5", "decode sentences/s, beam 5"
-        ),
+        f"group{number}_bleu_vs_speed.png": figures.tradeoff_png(rows, *speed_axis(rows)),
         f"group{number}_bleu_vs_memory.png": figures.tradeoff_png(
             rows, "kv_bytes_per_token", "KV-cache bytes per token"
         ),
     }
-    attention = group_attention(group, sources, out_dir / ATTENTION_CACHE, remeasure=remeasure)
+    skipped = attention_skipped(k, sources[ATTENTION_SENTENCE]) if sources else None
+    attention = (
+        None if skipped else group_attention(group, sources, out_dir / ATTENTION_CACHE, remeasure=remeasure)
+    )
     if attention is not None:  # every variant's map of the fixed sentence side by side
         sentence, panels = attention
         title = f"test sentence {ATTENTION_SENTENCE + 1}: {sentence} (last decoder layer, mean over heads)"
         pngs[f"group{number}_attention.png"] = figures.png_bytes(comparison_figure(panels, title=title))
     blocks: list[Block] = [
         Heading(f"Group {number}", level=2),
-        Bullets(header_lines(group, base, speeds)),
+        Bullets(header_lines(group, base, speeds, skipped)),
         # the headline is for quoting into Markdown pages; the HTML page has the full table only
         MarkdownOnly(headline_table(rows)),
         MarkdownOnly(Paragraph("All columns:")),
@@ -240,12 +262,18 @@ def write_report(
     *,
     baseline: str | None = None,
     decode_limit: int | None = None,
+    beams: tuple[int, ...] | None = None,
+    rounds: int | None = None,
     remeasure: bool = False,
 ) -> list[Path]:
     """report.md, report.html, report.csv, report.json and the figures for ``sweep_dirs`` (into ``out_dir``,
-    default the first sweep dir). Raises ValueError for a sweep without a finished job."""
+    default the first sweep dir). Decoding is timed on the first ``decode_limit`` test sentence pairs
+    with ``beams`` in ``rounds`` rounds; each not given is the first sweep's report setting
+    (:func:`~app.reports.decode_speed.sweep_settings`). Raises ValueError for a sweep without a finished
+    job."""
     out_dir = out_dir or sweep_dirs[0]
     out_dir.mkdir(parents=True, exist_ok=True)
+    decode = sweep_settings(sweep_dirs[0], limit=decode_limit, beams=beams, rounds=rounds)
     groups, warnings = group_runs([run for sweep in sweep_dirs for run in sweep_runs(sweep)])
     for warning in warnings:
         log.warning(warning)
@@ -255,7 +283,7 @@ def write_report(
     figure_paths: list[Path] = []
     for number, group in enumerate(groups, start=1):
         rows, section, pngs = group_section(
-            number, group, out_dir, baseline=baseline, decode_limit=decode_limit, remeasure=remeasure
+            number, group, out_dir, baseline=baseline, decode=decode, remeasure=remeasure
         )
         rows_by_group.append(rows)
         all_rows += [{"group": number, **row} for row in rows]
@@ -263,13 +291,11 @@ def write_report(
         for name, data in pngs.items():
             (out_dir / name).write_bytes(data)
             figure_paths.append(out_dir / name)
-    base = pick_baseline(groups[0].variants, baseline) if groups else None
-    across = length_section(groups, rows_by_group, base.name) if base else None
-    if across is not None:  # a length sweep: the groups lined up by input length
-        section, found = across
-        (out_dir / LENGTHS_PNG).write_bytes(figures.lengths_png(found, LENGTH_METRICS))
-        figure_paths.append(out_dir / LENGTHS_PNG)
-        blocks += [*section, Images({LENGTHS_PNG: (out_dir / LENGTHS_PNG).read_bytes()})]
+    for number, across in enumerate(length_sections(groups, rows_by_group, baseline), start=1):
+        name = LENGTHS_PNG if number == 1 else LENGTHS_PNG.replace(".png", f"_arm{number}.png")
+        (out_dir / name).write_bytes(figures.lengths_png(across.found, LENGTH_METRICS))
+        figure_paths.append(out_dir / name)
+        blocks += [*across.blocks, Images({name: (out_dir / name).read_bytes()})]
     paths = [out_dir / name for name in REPORT_FILES]
     paths[0].write_text(render_markdown(blocks), encoding="utf-8")
     paths[1].write_text(render_html(TITLE, blocks), encoding="utf-8")

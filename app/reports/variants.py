@@ -21,8 +21,9 @@ from app.data.corpus import read_parallel
 from app.reports.runs import RunRecord, is_run_dir, read_run
 from app.rundir import CONFIG, RESULTS
 
-# Keys that never make two runs different variants (a run's seed, where it wrote, how it was started).
-NOT_VARIANT = ("seed", "output_dir", "resume", "skip_finished", "num_threads")
+# Keys that never make two runs different variants (a run's seed, where it wrote, how it was started;
+# a warm start's checkpoint is held equal as its "start", see :func:`start_of`).
+NOT_VARIANT = ("seed", "output_dir", "resume", "skip_finished", "num_threads", "init_from", "from_sweep")
 # What must be equal for runs to be compared at all: the data, the model size and the training budget.
 HELD_EQUAL = {
     "data": ("data.dir", "data.files", "data.hub", "data.src_lang", "data.tgt_lang", "data.subword"),
@@ -30,6 +31,27 @@ HELD_EQUAL = {
     "budget": ("trainer.max_time", "trainer.max_steps", "trainer.max_epochs"),
     "input length": ("data.concat",),  # a length sweep: one group per length (app/reports/lengths.py)
 }
+START = "start"  # a further held kind: scratch, or the warm start (init_from) a run's weights came from
+
+
+def start_of(flat: dict[str, Any]) -> dict[str, Any]:
+    """Where a run's weights started: ``{}`` from scratch; ``{"from_sweep": D}`` for a fine-tune arm
+    (experiment=ablation_length_finetune: each job's ``init_from`` is derived from ``D`` and its own
+    attention and seed, so the sweep, not the per-job path, is what its runs hold equal);
+    ``{"init_from": CKPT}`` for any other warm start. Runs that start differently are never compared."""
+    if flat.get("from_sweep"):
+        return {"from_sweep": flat["from_sweep"]}
+    return {"init_from": flat["init_from"]} if flat.get("init_from") else {}
+
+
+def describe_start(start: dict[str, Any]) -> str:
+    """:func:`start_of` in words, for report headers."""
+    if "from_sweep" in start:
+        return (
+            f"fine-tuned: each job from the best checkpoint of its attention and seed at data.concat=1 "
+            f"of {start['from_sweep']}"
+        )
+    return f"warm start from {start['init_from']}" if start else "from scratch"
 
 
 @dataclass
@@ -83,11 +105,12 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def held_equal(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The data, model-size and budget settings of a run, by kind."""
-    return {
+    """The data, model-size, budget, input-length and start settings of a run, by kind."""
+    held = {
         kind: {k: v for k, v in sorted(flat.items()) if k.startswith(prefixes)}
         for kind, prefixes in HELD_EQUAL.items()
     }
+    return held | {START: start_of(flat)}
 
 
 def sweep_runs(sweep_dir: Path) -> list[RunRecord]:
@@ -121,7 +144,7 @@ def group_runs(runs: list[RunRecord]) -> tuple[list[Group], list[str]]:
     if len(groups) > 1:
         first = groups[0].held
         for index, group in enumerate(groups[1:], start=2):
-            differ = [kind for kind in HELD_EQUAL if group.held[kind] != first[kind]]
+            differ = [kind for kind in (*HELD_EQUAL, START) if group.held[kind] != first[kind]]
             warnings.append(
                 f"group {index} differs from group 1 in {', '.join(differ)}: reported separately, "
                 "not compared"
@@ -180,24 +203,24 @@ def pick_baseline(variants: list[Variant], name: str | None) -> Variant | None:
     raise ValueError(f"baseline {name!r} is no variant; variants: {', '.join(v.name for v in variants)}")
 
 
-def test_texts(run: RunRecord) -> tuple[list[str], list[str]] | None:
-    """The test sources and references of a run's data config; None when the files are not there."""
+def test_pairs(run: RunRecord) -> tuple[list[str], list[str]] | None:
+    """The test sentence pairs (sources, references) of a run's data config, one sentence a line, before
+    any joining (``data.concat``); None when the files are not there."""
     config = OmegaConf.create(run.config)
     src = OmegaConf.select(config, "data.files.test.src", throw_on_resolution_failure=False)
     tgt = OmegaConf.select(config, "data.files.test.tgt", throw_on_resolution_failure=False)
     if not src or not tgt or not Path(src).is_file() or not Path(tgt).is_file():
         return None
     text = read_parallel(src, tgt)
-    k = int(OmegaConf.select(config, "data.concat", default=1) or 1)
-    if k > 1:  # the run translated joined examples: compare it with joined references
-        joined = concat_pairs(datasets.Dataset.from_dict({"src": text.src, "tgt": text.tgt}), k)
-        return list(joined["src"]), list(joined["tgt"])
     return list(text.src), list(text.tgt)
 
 
-def group_test_texts(group: Group) -> tuple[list[str], list[str]] | None:
-    """The test set a group's runs were scored on (their data is held equal: the first run's)."""
-    return test_texts(group.variants[0].runs[0]) if group.variants else None
+def joined(pairs: tuple[list[str], list[str]], k: int) -> tuple[list[str], list[str]]:
+    """Sources and references as examples of ``k`` pairs each (:func:`app.data.concat.concat_pairs`)."""
+    if k == 1:
+        return pairs
+    examples = concat_pairs(datasets.Dataset.from_dict({"src": pairs[0], "tgt": pairs[1]}), k)
+    return list(examples["src"]), list(examples["tgt"])
 
 
 def jobs_at_a_time(sweep_dir: Path) -> int | None:

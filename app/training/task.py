@@ -79,7 +79,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 def check_mandatory_keys(cfg: DictConfig) -> None:
     """Fail before anything runs, naming by path every mandatory value (``???``) the config leaves unset."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    missing = sorted(unset_keys(cfg))
     if cfg.get("data") and (cfg.data.get("directions") or cfg.data.get("pairs")):  # files come per direction
         missing = [key for key in missing if not key.startswith("data.files")]
     if missing:
@@ -87,6 +87,20 @@ def check_mandatory_keys(cfg: DictConfig) -> None:
             f"mandatory config value(s) not set: {', '.join(missing)}; "
             f"give each on the command line, e.g. {missing[0]}=..."
         )
+
+
+def unset_keys(node: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose value is ``???``, found without resolving interpolations: a value that only
+    interpolates an unset one (``init_from: ${from_sweep}/...``) is not itself what the user must give,
+    and :meth:`OmegaConf.missing_keys` would raise on it instead of naming ``from_sweep``."""
+    found = []
+    keys = range(len(node)) if OmegaConf.is_list(node) else list(node.keys())
+    for key in keys:
+        if OmegaConf.is_missing(node, key):
+            found.append(f"{prefix}{key}")
+        elif not OmegaConf.is_interpolation(node, key) and OmegaConf.is_config(node[key]):
+            found += unset_keys(node[key], f"{prefix}{key}.")
+    return found
 
 
 def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
@@ -109,8 +123,8 @@ def build_fit(cfg: DictConfig) -> Fit:
         torch.set_num_threads(cfg.num_threads)
     config = OmegaConf.to_container(cfg, resolve=True)
 
+    start = load_start(cfg.init_from, config) if cfg.get("init_from") else None  # before the data: fail fast
     corpora = load_corpora(config["data"])
-    start = load_start(cfg.init_from, config) if cfg.get("init_from") else None
     if start is not None:  # a warm start cuts the text into the pieces its weights were trained on
         src_tok, tgt_tok = start.src_tokenizer, start.tgt_tokenizer
     else:

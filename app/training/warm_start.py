@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from app.checkpoint import CheckpointError, LoadedModel, load_model
+from app.data.concat import SEPARATOR
 from app.data.multilingual import Languages, language_tag
 from app.data.tokenizer import Tokenizer
 from app.models.seq2seq import Seq2Seq
@@ -31,14 +33,46 @@ log = logging.getLogger(__name__)
 
 def load_start(path: str, config: Mapping[str, Any]) -> LoadedModel:
     """The model and tokenizers of checkpoint ``path``, checked to suit the run ``config`` describes."""
+    check_exists(path, config)
     start = load_model(path)
     check_languages(config, start, source=path)
+    check_separator(config, start, source=path)
     log.info(
         "init_from=%s: starting from its weights and tokenizers (%s parameters); data.subword is not used",
         path,
         f"{start.model.num_parameters():,}",
     )
     return start
+
+
+def check_exists(path: str, config: Mapping[str, Any]) -> None:
+    """Refuse a start checkpoint that is not there, saying where it was looked for and, for a fine-tune
+    arm of the length sweep (``from_sweep``: conf/experiment/ablation_length_finetune.yaml), which job
+    of which sweep should have written it."""
+    if Path(path).is_file():
+        return
+    sweep = config.get("from_sweep")
+    if sweep:
+        raise CheckpointError(
+            f"init_from={path}: no such checkpoint. It is the best checkpoint of the job with this run's "
+            f"attention and seed at data.concat=1 in from_sweep={sweep}; that job has not finished there "
+            f"(run it: make ablation-length SWEEP={sweep}), or from_sweep names the wrong sweep"
+        )
+    raise CheckpointError(f"init_from={path}: no such checkpoint")
+
+
+def check_separator(config: Mapping[str, Any], start: LoadedModel, *, source: str) -> None:
+    """Refuse to fine-tune on joined examples (``data.concat`` > 1) with tokenizers that cannot write
+    their separator as one piece: the separator would become unknown pieces, and the translations could
+    not be split back into sentences. A single-sentence model has it when trained with
+    ``data.subword.user_defined_symbols=[<sep>]`` (conf/experiment/ablation_length.yaml does)."""
+    k = int((config.get("data") or {}).get("concat") or 1)
+    tokenizers = (start.src_tokenizer, start.tgt_tokenizer)
+    if k > 1 and not all(is_one_piece(tokenizer, SEPARATOR) for tokenizer in tokenizers):
+        raise CheckpointError(
+            f"init_from={source}: its tokenizers have no {SEPARATOR} piece, which data.concat={k} joins "
+            f"sentences with; train the start model with data.subword.user_defined_symbols=[{SEPARATOR}]"
+        )
 
 
 def check_languages(config: Mapping[str, Any], start: LoadedModel, *, source: str) -> None:

@@ -1,9 +1,12 @@
-"""The ablation report across input lengths: groups lined up by ``data.concat``, crossovers, failed jobs."""
+"""The ablation report across input lengths: groups lined up by ``data.concat``, crossovers, failed jobs,
+and a fine-tune arm kept apart from the scratch arm."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
+from typing import Any
 
 from app.data.concat import SEPARATOR
 from app.reports.report import LENGTHS_PNG, write_report
@@ -23,13 +26,18 @@ def joined(lines: list[str], k: int) -> list[str]:
     return [f" {SEPARATOR} ".join(lines[i : i + k]) for i in range(0, len(lines), k)]
 
 
-def make_job(sweep: Path, data: Path, kernel: str, k: int) -> None:
+def make_job(sweep: Path, data: Path, kernel: str, k: int, from_sweep: Path | None = None) -> None:
     run = sweep / f"attention={kernel},data.concat={k}"
     (run / ".hydra").mkdir(parents=True)
     files = {"test": {"src": str(data / "test.de"), "tgt": str(data / "test.en")}}
-    config = {"seed": 1, "attention": KERNELS[kernel], "trainer": {"max_time": "00:00:01:00"},
-              "model": {"family": "transformer", "d_model": 32, "num_heads": 4, "decoder_layers": 2},
-              "data": {"files": files, "concat": k}}  # fmt: skip
+    config: dict[str, Any] = {
+        "seed": 1, "attention": KERNELS[kernel], "trainer": {"max_time": "00:00:01:00"},
+        "model": {"family": "transformer", "d_model": 32, "num_heads": 4, "decoder_layers": 2},
+        "data": {"files": files, "concat": k}, "init_from": None,
+    }  # fmt: skip
+    if from_sweep is not None:  # the fine-tune arm: a start checkpoint of its own per job
+        start = from_sweep / f"attention={kernel},data.concat=1" / "checkpoints" / "best.ckpt"
+        config |= {"from_sweep": str(from_sweep), "init_from": str(start)}
     (run / ".hydra" / "config.yaml").write_text(json.dumps(config))
     (run / "train.log").write_text("")
     if (kernel, k) not in COSTS:  # sdpa at K=4 ran out of memory
@@ -73,3 +81,43 @@ def test_the_report_lines_up_the_lengths_and_names_the_crossovers(tmp_path: Path
     tokens = text[text.index("| train tokens/s |") :].split("\n\n")[0]
     assert "| 900 | 800 | 500 |" in tokens  # eager at K=1, 2, 4
     assert "| 950 | 900 | failed |" in tokens  # sdpa ran out of memory at K=4: shown, not dropped
+
+
+def test_a_fine_tune_arm_is_lined_up_apart_from_the_scratch_arm(tmp_path: Path) -> None:
+    scratch = length_sweep(tmp_path)
+    finetuned = tmp_path / "finetuned"
+    for kernel in ("eager", "linformer"):
+        for k in (2, 4):
+            make_job(finetuned, tmp_path / "data", kernel, k, from_sweep=scratch)
+    groups, _ = group_runs([*sweep_runs(scratch), *sweep_runs(finetuned)])
+    starts = [g.held["start"] for g in groups]
+    assert starts.count({}) == 3 and starts.count({"from_sweep": str(scratch)}) == 2  # a group per arm and K
+    # each job's own init_from neither splits a group nor names a variant
+    names = [[v.name for v in g.variants] for g in groups]
+    assert names[3] == names[4] == names[0][:2] and len(names[3]) == 2  # eager, linformer: one seed each
+
+    out = tmp_path / "report"
+    write_report([scratch, finetuned], out)
+    text = (out / "report.md").read_text()
+    assert text.count("## Across input lengths") == 2
+    assert "## Across input lengths: from scratch (groups 1, 2, 3)" in text
+    ft_heading = (
+        "## Across input lengths: fine-tuned: each job from the best checkpoint of its attention and seed "
+        f"at data.concat=1 of {scratch} (groups 4, 5)"
+    )
+    assert ft_heading in text
+    ft_section = text[text.index(ft_heading) :]
+    assert "never with the scratch groups of the same lengths" in ft_section
+    assert "| BLEU | K=2 | K=4 |" in ft_section and "K=1" not in ft_section.split("\n\n")[2]
+    assert (out / "lengths.png").is_file() and (out / "lengths_arm2.png").is_file()
+    with (out / "report.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    ft_rows = [row for row in rows if row["group"] in ("4", "5")]
+    assert [row["variant"] for row in ft_rows] == names[3] + names[4]
+    assert all(row["p_value"] == "" for row in ft_rows if row["variant"] == "eager")  # its own baseline
+    group4 = text[text.index("## Group 4") : text.index("## Group 5")]
+    assert "- start: fine-tuned: each job from the best checkpoint" in group4
+    assert "- input length: 2 sentence pair(s) per example (data.concat)" in group4
+    assert "- attention maps: not drawn for examples of 2 joined sentence pairs" in group4
+    group1 = text[text.index("## Group 1") : text.index("## Group 2")]
+    assert "- start:" not in group1 and "attention maps:" not in group1  # K=1, from scratch
