@@ -99,10 +99,11 @@ def mark_dynamic(tokens: Tensor, memory: Tensor, memory_mask: Tensor, tensors: C
 
 
 def describe_failure(error: BaseException) -> str:
-    """One line: the error's type and the first line of its root cause (dynamo wraps what inductor raised)."""
+    """One line: the error's type and the first line of its root cause (dynamo wraps what inductor raised,
+    as ``inner_exception`` of its BackendCompilerFailed, raised ``from None``)."""
     root = error
-    while root.__cause__ is not None:
-        root = root.__cause__
+    while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+        root = inner
     message = next((line.strip() for line in str(root).splitlines() if line.strip()), "")
     kinds = type(error).__name__ if root is error else f"{type(error).__name__} <- {type(root).__name__}"
     return f"{kinds}: {message[:300]}"
