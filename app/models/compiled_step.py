@@ -20,7 +20,9 @@ eager. Recurrent kernels (linear attention's state) are left eager from the star
 from __future__ import annotations
 
 import time
+import types
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +31,9 @@ from torch import Tensor
 from app.attention import KVCache
 
 COMPILE_MODES = ("auto", "on", "off")
+GRAPHS_PER_MODEL = 32  # dynamo's recompile limit per code object (default 8) is raised to at least this:
+# a model meets up to ~8 shapes (batch 1 or more, first or later step, greedy or beam rows, one sentence
+# left), and past the limit dynamo would run the step eagerly without a word
 
 
 @dataclass
@@ -98,6 +103,19 @@ def mark_dynamic(tokens: Tensor, memory: Tensor, memory_mask: Tensor, tensors: C
             mark(tensor, 2)  # S (or a kernel's reduced rows)
 
 
+def own_code(method: Callable) -> Callable:
+    """``method`` (bound) over a copy of its function's code object.
+
+    Dynamo keeps compiled graphs, and counts them against its recompile limit, per code object: without a
+    copy every model compiled in a process (an ensemble's members, checkpoints compared on validation)
+    would share one list of graphs, searched on every call.
+    """
+    func = method.__func__
+    code = func.__code__.replace()  # an equal but distinct code object
+    copy = types.FunctionType(code, func.__globals__, func.__name__, func.__defaults__, func.__closure__)
+    return types.MethodType(copy, method.__self__)
+
+
 def describe_failure(error: BaseException) -> str:
     """One line: the error's type and the first line of its root cause (dynamo wraps what inductor raised,
     as ``inner_exception`` of its BackendCompilerFailed, raised ``from None``)."""
@@ -135,7 +153,9 @@ class CompiledSteps:
         options = {"cpp_wrapper": cpp_wrapper}
         # Sizes that vary are marked dynamic per call (:func:`mark_dynamic`); the rest (model widths)
         # stay static, so the generated kernels know them and dynamo guards fewer symbols.
-        self.compiled = torch.compile(self.step, dynamic=None, options=options)
+        self.compiled = torch.compile(own_code(self.step), dynamic=None, options=options)
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_MODEL)
         self.failure: str | None = None  # why compilation was given up (then every step is eager)
         self.seconds = 0.0  # wall time of the calls that compiled a graph (compile time, reported apart)
         self.graphs = 0  # graphs compiled so far

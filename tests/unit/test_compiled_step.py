@@ -18,7 +18,7 @@ from app.decoding import output_limits
 from app.decoding.beam import beam_hypotheses
 from app.decoding.greedy import greedy_hypotheses
 from app.models import Transformer
-from app.models.compiled_step import CompiledSteps, compile_available, compile_decoding
+from app.models.compiled_step import CompiledSteps, compile_available, compile_decoding, own_code
 
 pytestmark = [
     pytest.mark.usefixtures("single_torch_thread"),
@@ -120,11 +120,23 @@ def test_a_failing_compilation_falls_back_to_eager(
 
     model = compiled_model(make_transformer, {"kernel": "eager"})
     runner = model.compiled_steps
-    runner.compiled = torch.compile(runner.step, backend=broken_backend)  # as inductor failing would
+    runner.compiled = torch.compile(
+        own_code(runner.step), backend=broken_backend
+    )  # as inductor failing would
     with pytest.warns(UserWarning, match="decoding stays eager"):
         compiled, eager = decode_both(model, src, beam=1)
     assert_same_hypotheses(compiled, eager)
     assert "this backend lowers nothing" in runner.failure
+
+
+def test_each_model_keeps_its_own_graphs(make_transformer: Callable[..., Transformer]) -> None:
+    """Dynamo caches graphs per code object: two models must not share (and fill) one cache."""
+    first, second = (make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB) for _ in range(2))
+    for model in (first, second):
+        compile_decoding(model, "on")
+    first_code = first.compiled_steps.compiled.__wrapped__.__func__.__code__
+    assert first_code is not second.compiled_steps.compiled.__wrapped__.__func__.__code__
+    assert torch._dynamo.config.recompile_limit >= 32
 
 
 def test_compile_modes(make_transformer: Callable[..., Transformer]) -> None:
