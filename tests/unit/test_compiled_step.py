@@ -31,7 +31,11 @@ KERNELS = {
     "eager": {"kernel": "eager"},
     "sdpa_gqa": {"kernel": "sdpa", "num_kv_heads": 2},
     "flash": {"kernel": "flash", "options": {"backend": "math"}},
-    "sparse": {"kernel": "sparse", "options": {"pattern": "sliding_window", "window": 2}},
+    "sparse": {
+        "kernel": "sparse",
+        "options": {"pattern": "sliding_window", "window": 2},
+        "sites": {"cross": {"kernel": "eager"}},
+    },
     "linformer": {"kernel": "eager", "sites": {"cross": {"kernel": "linformer", "options": {"k": 4}}}},
     "linear": {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}},
     "lsh": {
