@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         limits = limits_from(args)
-        engine = open_engine(args.model, engine=args.engine, threads=args.threads, ensemble=args.ensemble)
+        engine = open_engine(
+            args.model, engine=args.engine, threads=args.threads, ensemble=args.ensemble, compile=args.compile
+        )
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

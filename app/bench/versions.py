@@ -49,6 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="most output subwords (a random model runs to it: fix the work)",
     )
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    parser.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="off",
+        help="the torch engine's compiled decoding steps (versions that have them; compile time is "
+        "reported apart, as warm-up seconds)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
@@ -66,7 +73,7 @@ def baseline_tree(revision: str, folder: Path) -> Path:
 def measure(tree: Path, args: argparse.Namespace, ct2_dir: str) -> dict[str, Any]:
     """One process of the worker with ``app`` from ``tree``: its JSON result."""
     command = [sys.executable, str(SCRIPT), "--worker", str(tree), str(args.checkpoint), args.source]
-    command += [str(args.limit), str(args.latency_lines), str(args.max_len), ct2_dir]
+    command += [str(args.limit), str(args.latency_lines), str(args.max_len), ct2_dir, args.compile]
     env = {**os.environ, "PYTHONPATH": ""}
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode:
@@ -80,6 +87,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     seconds: dict[tuple[str, str], list[float]] = {}
     outputs: dict[str, dict[str, list[str]]] = {}
+    warmups: dict[str, list[float]] = {}  # untimed warm-up seconds per version (compile time included)
+    compiled: dict[str, str | None] = {}  # each version's compile report (None: eager)
     with tempfile.TemporaryDirectory(prefix="bench_versions_") as tmp:
         versions = {"baseline": baseline_tree(args.baseline, Path(tmp)), "checkout": REPO_ROOT}
         ct2_dir = "-"
@@ -91,8 +100,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 found = measure(versions[version], args, ct2_dir)
                 if Path(found.pop("app")).resolve() != (versions[version] / "app").resolve():
                     raise RuntimeError(f"the {version} process imported app from elsewhere")
+                compiled[version] = (found.pop("compile", None) or {}).get("report")
                 for engine, cases in found.items():
                     name = version if engine.startswith("torch") else engine
+                    warmup = cases.pop("warmup", None)
+                    if warmup is not None:
+                        warmups.setdefault(name, []).append(round(warmup["seconds"], 2))
                     outputs[name] = {case: found["outputs"] for case, found in cases.items()}
                     for case, found in cases.items():
                         seconds.setdefault((name, case), []).append(found["seconds"])
@@ -116,7 +129,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for case, _, _ in CASES
     }
     flags = sorted(set(FLAGS) & cpu_flags())
-    return {"rows": rows, "identical_percent": agree, "cpu": cpu_model(), "flags": flags, "args": vars(args)}
+    return {
+        "rows": rows,
+        "identical_percent": agree,
+        "warmup_seconds": warmups,
+        "compile": compiled,
+        "cpu": cpu_model(),
+        "flags": flags,
+        "args": vars(args),
+    }
 
 
 def table(result: dict[str, Any]) -> str:
@@ -126,7 +147,10 @@ def table(result: dict[str, Any]) -> str:
         "| engine | greedy sent/s | beam-5 sent/s | batch-1 greedy ms | beam-5 vs CT2 | batch-1 ms vs CT2 |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    labels = {"baseline": f"torch-fp32 before ({result['args']['baseline']})", "checkout": "torch-fp32 after"}
+    after = "torch-fp32 after" + (
+        f" (compile={result['args']['compile']})" if result["compile"].get("checkout") else ""
+    )
+    labels = {"baseline": f"torch-fp32 before ({result['args']['baseline']})", "checkout": after}
     for name in ("ct2-fp32", "baseline", "checkout"):
         if name not in rows:
             continue
@@ -146,6 +170,10 @@ def table(result: dict[str, Any]) -> str:
         f"\nOutputs identical before and after: greedy {agree['greedy']}%, beam 5 {agree['beam5']}%, "
         f"batch 1 {agree['latency']}%. CPU: {result['cpu']} ({flags})."
     )
+    for version, report in result["compile"].items():
+        if report:
+            warmup = statistics.median(result["warmup_seconds"][version])
+            lines.append(f"{version}: {report}; untimed warm-up {warmup:.1f} s (median over processes).")
     return "\n".join(lines)
 
 

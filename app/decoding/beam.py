@@ -139,8 +139,10 @@ def beam_hypotheses(
     beams = Beams.start(limits.to(src.device), k, bos_id)
     finished = [Finished() for _ in range(src.size(0))]
     done = torch.zeros(src.size(0), dtype=torch.long, device=src.device)  # finished hypotheses per sentence
+    limit_steps = frozenset(limits.tolist())  # every row's limit is one of these, however rows leave
     for step in range(int(limits.max())):
-        log_probs = constrain(model.decode_step(beams.tokens, state), step, beams.limits, eos_id, banned)
+        log_probs = model.decode_step(beams.tokens, state)  # (b*K, V)
+        log_probs = constrain(log_probs, step, beams.limits, eos_id, banned, limit_steps=limit_steps)
         cand_scores, cand_beam, cand_token = top_candidates(beams.scores, log_probs, k)
         collect_finished(finished, done, beams, cand_scores, cand_beam, cand_token, log_probs, eos_id, alpha)
         live = done[beams.sentence] < k  # (b,)

@@ -59,8 +59,10 @@ def token_search(
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     steps: list[Tensor] = []
     step_scores: list[Tensor] = []
+    limit_steps = frozenset(limits.tolist())
     for step in range(int(limits.max())):
-        log_probs = constrain(model.decode_step(tokens, state), step, limits, eos_id, banned)  # (B, V)
+        log_probs = model.decode_step(tokens, state)  # (B, V)
+        log_probs = constrain(log_probs, step, limits, eos_id, banned, limit_steps=limit_steps)
         tokens = choose(log_probs).masked_fill(finished, eos_id)
         steps.append(tokens)
         step_scores.append(log_probs.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0))
@@ -78,18 +80,30 @@ def hypothesis(ids: list[int], scores: list[float], eos_id: int) -> Hypothesis:
     return Hypothesis(tokens=strip_after_eos(ids, eos_id), score=float(sum(kept)), token_scores=kept)
 
 
-def constrain(log_probs: Tensor, step: int, limits: Tensor, eos_id: int, banned: tuple[int, ...]) -> Tensor:
+def constrain(
+    log_probs: Tensor,
+    step: int,
+    limits: Tensor,
+    eos_id: int,
+    banned: tuple[int, ...],
+    *,
+    limit_steps: frozenset[int] | None = None,
+) -> Tensor:
     """Rule out ``banned`` ids; rows whose output reaches its length limit at ``step`` may only choose EOS.
 
     Works in place on ``log_probs`` (B, V), a fresh tensor from ``decode_step``. A forced EOS keeps the
     model's log-probability, so beam search scores a hypothesis cut at its limit like any other
-    (a free EOS would favour hypotheses the model did not want to end).
+    (a free EOS would favour hypotheses the model did not want to end). ``limit_steps``, the values
+    ``limits`` can hold (read once per search), skips looking for rows at their limit on the steps where
+    none can be: that search is five tensor operations, a fair share of a batch-1 step's host-side work.
     """
-    at_limit = (limits.to(log_probs.device) == step + 1).nonzero().squeeze(1)  # rows that must end now
-    eos = log_probs[at_limit, eos_id].clone()
-    if banned:
-        log_probs[:, list(banned)] = float("-inf")
-    if at_limit.numel():
+    may_end = limit_steps is None or step + 1 in limit_steps
+    if may_end:
+        at_limit = (limits.to(log_probs.device) == step + 1).nonzero().squeeze(1)  # rows that must end now
+        eos = log_probs[at_limit, eos_id].clone()
+    for banned_id in banned:  # one column each: cheaper than indexing with a list, made into a tensor
+        log_probs[:, banned_id] = float("-inf")
+    if may_end and at_limit.numel():
         log_probs[at_limit] = float("-inf")
         log_probs[at_limit, eos_id] = eos
     return log_probs

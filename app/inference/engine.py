@@ -100,6 +100,10 @@ class Engine(ABC):
         """The best translation of each sentence (the ``translate.py`` text output)."""
         return [hyps[0].text for hyps in self.translate_nbest(sentences, settings, on_truncate)]
 
+    def compile_report(self) -> str | None:
+        """What compiling the decoding steps did and cost (``--compile``), or None where nothing compiles."""
+        return None
+
     def attention_maps(
         self,
         sentences: list[str],

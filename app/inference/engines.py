@@ -155,11 +155,13 @@ def open_engine(
     threads: int = 0,
     ensemble: list[str] | None = None,
     sources_tagged: bool = False,
+    compile: str = "off",
 ) -> Engine:
     """Load ``path`` (a checkpoint, or a CTranslate2 directory) into the chosen engine.
 
     ``threads`` > 0 sets the CPU threads once, here (torch's intra-op pool, CTranslate2's intra_threads).
     ``ensemble`` checkpoints decode together with ``path`` (torch engine; see :class:`Ensemble`).
+    ``compile`` (auto | on | off) compiles the torch engine's decoding steps (CTranslate2 ignores it).
     A multilingual model's engine takes ``settings.target_lang`` and tags the sources itself, unless
     ``sources_tagged`` (see :func:`~app.inference.languages.with_languages`); ``engine.languages`` says
     which directions it was trained on.
@@ -178,5 +180,5 @@ def open_engine(
         raise ValueError(f"--engine torch needs a .ckpt checkpoint, got the directory {path}")
     if threads > 0:
         torch.set_num_threads(threads)
-    translator, config = load_translator(path, device=device, ensemble=ensemble or ())
+    translator, config = load_translator(path, device=device, ensemble=ensemble or (), compile=compile)
     return with_languages(translator, Languages.from_config(config), sources_tagged=sources_tagged)

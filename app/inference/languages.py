@@ -37,6 +37,9 @@ class TaggedEngine(Engine):
     def device(self) -> torch.device:
         return self.engine.device
 
+    def compile_report(self) -> str | None:
+        return self.engine.compile_report()
+
     def untag(self, sentences: list[str], settings: SearchSettings) -> tuple[list[str], SearchSettings]:
         """The tagged sentences and the settings the wrapped engine gets (no language: it has none)."""
         tag = self.languages.tag(settings.target_lang)

@@ -32,6 +32,7 @@ from app.inference.engine import (
     on_subset,
     split_blank,
 )
+from app.models.compiled_step import CompiledSteps, compile_decoding
 from app.models.ensemble import Ensemble
 from app.models.seq2seq import Seq2Seq
 
@@ -54,6 +55,32 @@ class Translator(Engine):
         self.model = model
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.source = source
+        self.compile_mode = "off"
+        self.eager_reason: str | None = None  # why compile_mode did not compile (None: it did, or off)
+
+    def compile(self, mode: str) -> None:
+        """Decode through ``torch.compile``d steps: ``mode`` auto | on | off (see
+        :func:`~app.models.compiled_step.compile_decoding`); where it cannot, decoding stays eager."""
+        self.compile_mode = mode
+        reason = compile_decoding(self.model, mode)
+        self.eager_reason = None if mode == "off" else reason
+
+    def compile_report(self) -> str | None:
+        """Graphs compiled and the seconds they took (paid once per process), or why decoding is eager."""
+        if self.compile_mode == "off":
+            return None
+        if self.eager_reason is not None:
+            return f"decoding eager (compile={self.compile_mode}): {self.eager_reason}"
+        runners = [
+            m.compiled_steps
+            for m in self.model.modules()
+            if isinstance(m.__dict__.get("compiled_steps"), CompiledSteps)
+        ]
+        failed = [r.failure for r in runners if r.failure]
+        if failed:
+            return f"decoding eager: torch.compile failed ({failed[0]})"
+        graphs, seconds = sum(r.graphs for r in runners), sum(r.seconds for r in runners)
+        return f"decoding steps compiled: {graphs} graphs in {seconds:.1f} s (paid once per process)"
 
     @property
     def device(self) -> torch.device:
@@ -205,10 +232,15 @@ class Translator(Engine):
 
 
 def load_translator(
-    path: PathLike, device: str | torch.device = "cpu", *, ensemble: Sequence[PathLike] = ()
+    path: PathLike,
+    device: str | torch.device = "cpu",
+    *,
+    ensemble: Sequence[PathLike] = (),
+    compile: str = "off",
 ) -> tuple[Translator, dict]:
     """A ready :class:`Translator` for checkpoint ``path`` on ``device``, and the run config stored in it.
 
+    ``compile`` (auto | on | off) compiles the decoding steps, see :meth:`Translator.compile`.
     With ``ensemble`` checkpoints, they decode together with ``path`` as one :class:`Ensemble` (their
     distributions averaged per token); all must share ``path``'s tokenizers, and the config is ``path``'s.
     """
@@ -221,7 +253,9 @@ def load_translator(
             check_same_vocabulary(loaded, path, member, other)
             members.append(member.model)
         model = Ensemble(members).eval()
-    return Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path)), loaded.config
+    translator = Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path))
+    translator.compile(compile)
+    return translator, loaded.config
 
 
 def check_same_vocabulary(

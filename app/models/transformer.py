@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from app.attention import KVCache, MultiHeadAttention, build_kernel, padding_mask
 from app.attention.factory import AttentionSpec, build_attention
+from app.models.compiled_step import CompiledSteps
 from app.models.dropout import Dropout
 from app.models.embeddings import SinusoidalPositions, TokenEmbedding
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
@@ -183,6 +184,8 @@ class TransformerState(DecoderState):
 class Transformer(Seq2Seq):
     """Encoder-decoder Transformer with optional (two- or three-way) tied embeddings."""
 
+    compiled_steps: CompiledSteps | None = None  # set by :func:`app.models.compiled_step.compile_decoding`
+
     def __init__(
         self,
         *,
@@ -289,6 +292,18 @@ class Transformer(Seq2Seq):
         return state
 
     def decode_step(self, tokens: Tensor, state: TransformerState, need_weights: bool = False) -> Tensor:
+        """Log-probabilities (B, V) of the next token after ``tokens`` (B,); compiled where enabled
+        (:meth:`compile_steps`), else :meth:`eager_decode_step`."""
+        if self.compiled_steps is not None and not need_weights:
+            log_probs = self.compiled_steps(tokens, state)
+            if log_probs is not None:
+                return log_probs
+        return self.eager_decode_step(tokens, state, need_weights)
+
+    def eager_decode_step(
+        self, tokens: Tensor, state: TransformerState, need_weights: bool = False
+    ) -> Tensor:
+        """One cached step, op by op: embeddings, every decoder layer, output layer and log-softmax."""
         y = self.embed(tokens[:, None], self.tgt_embed, offset=state.step)  # (B, 1, D)
         for layer, cache in zip(self.decoder, state.caches, strict=True):
             y = layer(

@@ -1,0 +1,168 @@
+"""Compiled decoding steps (torch.compile, inductor) give eager decoding's outputs, or fall back to eager.
+
+Greedy outputs must be identical and beam hypotheses the same with scores within float rounding, for the
+kernels that compile; a kernel or setup that cannot compile must decode eagerly with the same outputs.
+Compiling takes seconds per graph, so the sweep over every kernel is marked slow.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from helpers.batches import random_sources
+
+from app.decoding import output_limits
+from app.decoding.beam import beam_hypotheses
+from app.decoding.greedy import greedy_hypotheses
+from app.models import Transformer
+from app.models.compiled_step import CompiledSteps, compile_available, compile_decoding, own_code
+
+pytestmark = [
+    pytest.mark.usefixtures("single_torch_thread"),
+    pytest.mark.skipif(compile_available() is not None, reason="inductor finds no C++ compiler here"),
+]
+
+PAD, BOS, EOS, VOCAB = 0, 2, 3, 20
+
+KERNELS = {
+    "eager": {"kernel": "eager"},
+    "sdpa_gqa": {"kernel": "sdpa", "num_kv_heads": 2},
+    "flash": {"kernel": "flash", "options": {"backend": "math"}},
+    "sparse": {
+        "kernel": "sparse",
+        "options": {"pattern": "sliding_window", "window": 2},
+        "sites": {"cross": {"kernel": "eager"}},
+    },
+    "linformer": {"kernel": "eager", "sites": {"cross": {"kernel": "linformer", "options": {"k": 4}}}},
+    "linear": {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}},
+    "lsh": {
+        "kernel": "lsh",
+        "options": {"chunk_size": 1, "n_buckets": 2, "n_hashes": 2},
+        "sites": {"cross": {"kernel": "eager"}},
+    },
+}
+
+
+def decode_both(model: Transformer, src: torch.Tensor, *, beam: int) -> tuple[list, list]:
+    """Hypotheses of the compiled steps, then of the eager ones, for the same sources."""
+    limits = output_limits(src, PAD, max_len=12, ratio=1.5, extra=2)
+    common = {"bos_id": BOS, "eos_id": EOS, "limits": limits, "banned": (PAD, BOS)}
+
+    def search() -> list:
+        if beam == 1:
+            return [[h] for h in greedy_hypotheses(model, src, **common)]
+        return beam_hypotheses(model, src, beam_size=beam, nbest=beam, **common)
+
+    compiled = search()
+    runner, model.compiled_steps = model.compiled_steps, None
+    try:
+        eager = search()
+    finally:
+        model.compiled_steps = runner
+    return compiled, eager
+
+
+def assert_same_hypotheses(compiled: list, eager: list) -> None:
+    """Same tokens in the same order; scores equal up to float rounding (fused kernels sum differently)."""
+    assert [[h.tokens for h in hyps] for hyps in compiled] == [[h.tokens for h in hyps] for hyps in eager]
+    for found, expected in zip(compiled, eager, strict=True):
+        assert [h.score for h in found] == pytest.approx([h.score for h in expected], abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def src() -> torch.Tensor:
+    """8 right-padded sources of 2 to 9 tokens (EOS included)."""
+    return random_sources(8, 2, 9, vocab=VOCAB)
+
+
+def compiled_model(make_transformer: Callable[..., Transformer], attention: dict) -> Transformer:
+    model = make_transformer(
+        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, tie_embeddings=False, seed=1, attention=attention
+    )
+    with torch.no_grad():
+        model.output.weight.mul_(3.0)  # sharper distributions: outputs of varied lengths
+    assert compile_decoding(model, "on") is None
+    return model
+
+
+def test_compiled_greedy_and_beam_equal_eager(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor
+) -> None:
+    model = compiled_model(make_transformer, {"kernel": "sdpa"})
+    for beam in (1, 3):
+        assert_same_hypotheses(*decode_both(model, src, beam=beam))
+    one = src[:1, : int((src[0] != PAD).sum())]  # batch 1: a graph of its own (sizes of 1 specialize)
+    assert_same_hypotheses(*decode_both(model, one, beam=1))
+    runner = model.compiled_steps
+    assert runner.failure is None
+    assert runner.graphs >= 2 and runner.seconds > 0  # compile time kept apart
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_every_kernel_compiles_or_falls_back_with_eager_outputs(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor, name: str
+) -> None:
+    model = compiled_model(make_transformer, KERNELS[name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a kernel that falls back says why in a warning
+        for beam in (1, 3):
+            assert_same_hypotheses(*decode_both(model, src, beam=beam))
+    runner = model.compiled_steps
+    if name == "linear":  # recurrent state, not a KV cache: never handed to the compiled step
+        assert runner.graphs == 0 and runner.failure is None
+
+
+def test_a_failing_compilation_falls_back_to_eager(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor
+) -> None:
+    def broken_backend(graph: torch.fx.GraphModule, inputs: list) -> Callable:
+        raise RuntimeError("this backend lowers nothing")
+
+    model = compiled_model(make_transformer, {"kernel": "eager"})
+    runner = model.compiled_steps
+    runner.compiled = torch.compile(
+        own_code(runner.step), backend=broken_backend
+    )  # as inductor failing would
+    with pytest.warns(UserWarning, match="decoding stays eager"):
+        compiled, eager = decode_both(model, src, beam=1)
+    assert_same_hypotheses(compiled, eager)
+    assert "this backend lowers nothing" in runner.failure
+
+
+def test_each_model_keeps_its_own_graphs(make_transformer: Callable[..., Transformer]) -> None:
+    """Dynamo caches graphs per code object: two models must not share (and fill) one cache."""
+    first, second = (make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB) for _ in range(2))
+    for model in (first, second):
+        compile_decoding(model, "on")
+    first_code = first.compiled_steps.compiled.__wrapped__.__func__.__code__
+    assert first_code is not second.compiled_steps.compiled.__wrapped__.__func__.__code__
+    assert torch._dynamo.config.recompile_limit >= 32
+
+
+def test_compile_modes(make_transformer: Callable[..., Transformer]) -> None:
+    model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="not one of auto, on, off"):
+        compile_decoding(model, "yes")
+    assert compile_decoding(model, "auto") is None  # on the CPU: compiles
+    assert isinstance(model.compiled_steps, CompiledSteps)
+    assert compile_decoding(model, "off") == "compile=off"
+    assert model.compiled_steps is None
+
+
+def test_training_and_gradients_keep_the_eager_step(make_transformer: Callable[..., Transformer]) -> None:
+    model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    compile_decoding(model, "on")
+    src = random_sources(2, 3, 5, vocab=VOCAB)
+    state = model.start_decoding(model.encode(src))
+    tokens = torch.full((2,), BOS)
+    model.decode_step(tokens, state)  # step 0 fills the caches
+    assert model.compiled_steps(tokens, state) is None  # gradients on: eager
+    with torch.no_grad():
+        model.train()
+        assert model.compiled_steps(tokens, state) is None
+        model.eval()
+    assert model.compiled_steps.graphs == 0
