@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.checkpoint import CheckpointError
-from app.inference.cli import add_ensemble_arg
+from app.inference.cli import add_compile_arg, add_ensemble_arg
 from app.inference.engines import ENGINES, open_engine
 from app.serving import ServerLimits, create_app
 
@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     parser.add_argument("--engine", choices=ENGINES, help="default: ct2 for an exported directory")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: the engine's choice)")
+    add_compile_arg(parser)
     add_ensemble_arg(parser)
     parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes)
     parser.add_argument("--max-sentences", type=int, default=defaults.max_sentences, help="per request")

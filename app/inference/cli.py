@@ -99,13 +99,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--engine", choices=ENGINES, help="default: ct2 for an exported directory, else torch"
     )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: the engine's choice)")
-    parser.add_argument(
-        "--compile",
-        choices=COMPILE_MODES,
-        default="off",
-        help="torch engine: compile the decoding steps with torch.compile (inductor), tens of seconds "
-        "once per process for faster steps; auto = on the CPU only; falls back to eager (default off)",
-    )
+    add_compile_arg(parser)
     add_ensemble_arg(parser)
     parser.add_argument("--nbest", type=int, default=1, help="hypotheses per input, best first (<= --beam)")
     parser.add_argument("--sample", metavar="topk:K|topp:P", help="sample instead of beam search")
@@ -116,6 +110,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=("text", "jsonl"),
         default="text",
         help="text: the best translation per line; jsonl: input, hypotheses, scores (and alignment)",
+    )
+
+
+def add_compile_arg(parser: argparse.ArgumentParser) -> None:
+    """``--compile auto|on|off`` for the torch engine's decoding steps, shared with scripts/serve.py."""
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_MODES,
+        default="off",
+        help="torch engine: compile the decoding steps with torch.compile (inductor), tens of seconds "
+        "once per process for faster steps; auto = on the CPU only; falls back to eager (default off)",
     )
 
 
