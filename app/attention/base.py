@@ -61,6 +61,9 @@ class AttentionKernel(nn.Module):
     name: ClassVar[str] = ""  # the registered name, set by :func:`app.attention.registry.register_kernel`
     # Why a capability is missing, by KernelCapabilities field: shown when a site that needs it is refused.
     reasons: ClassVar[dict[str, str]] = {}
+    # True when the kernel's keys are its queries (:meth:`shared_keys`, Reformer's shared-QK attention): the
+    # layer then has no key projection. A setting of the kernel, so an instance attribute where it is set.
+    shared_qk: bool = False
 
     def forward(
         self,
@@ -109,6 +112,10 @@ class AttentionKernel(nn.Module):
         """Share parameters with ``first``, the kernel of the same site in the stack's first layer, when the
         kernel's settings ask for it (linformer ``sharing=layerwise``). The model calls it for every later
         layer; kernels without parameters ignore it."""
+
+    def shared_keys(self, q: Tensor) -> Tensor:
+        """The keys (B, H, T, Dh) a kernel with ``shared_qk`` derives from its queries (B, H, T, Dh)."""
+        raise NotImplementedError(f"{type(self).__name__} does not share queries and keys (shared_qk)")
 
     def reduce(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """Keys and values (B, Hkv, Tk, Dh) reduced along the sequence, with the mask of the reduced rows.

@@ -34,7 +34,10 @@ class MultiHeadAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = d_model // num_heads
         self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
+        # A shared-QK kernel (Reformer) takes its keys from the queries: no key projection at all.
+        self.k_proj = (
+            None if kernel.shared_qk else nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
+        )
         self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
         self.kernel = kernel
@@ -45,11 +48,20 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, Dh)
 
-    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values (B, Hkv, T, Dh) of ``memory`` (B, T, D)."""
-        return self._split(self.k_proj(memory), self.num_kv_heads), self._split(
-            self.v_proj(memory), self.num_kv_heads
-        )
+    def project_kv(self, memory: Tensor, queries: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Keys and values (B, Hkv, T, Dh) of ``memory`` (B, T, D).
+
+        Without a key projection (a ``shared_qk`` kernel), the keys are the kernel's function of
+        ``queries`` (B, H, T, Dh), the projected ``memory`` itself: (B, H, T, Dh), one key per query head.
+        """
+        v = self._split(self.v_proj(memory), self.num_kv_heads)
+        if self.k_proj is not None:
+            return self._split(self.k_proj(memory), self.num_kv_heads), v
+        if queries is None:
+            raise ValueError(
+                f"{type(self.kernel).__name__} shares queries and keys: project_kv needs the queries"
+            )
+        return self.kernel.shared_keys(queries), v
 
     def forward(
         self,
@@ -87,7 +99,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.static and cache.filled:
             k, v = cache.k, cache.v
         else:
-            k, v = self.project_kv(x if memory is None else memory)  # (B, Hkv, Tk, Dh)
+            k, v = self.project_kv(x if memory is None else memory, q if memory is None else None)
             if cache is not None:
                 k, v = cache.append(k, v)
         out = self.kernel(
@@ -187,7 +199,7 @@ class MultiHeadAttention(nn.Module):
         """
         if need_weights:
             raise ValueError(f"the {type(self.kernel).__name__} kernel cannot return attention weights")
-        k, v = self.project_kv(x)  # (B, Hkv, t, Dh)
+        k, v = self.project_kv(x, q)  # (B, Hkv, t, Dh)
         step_mask = None if key_mask is None else key_mask[:, -x.size(1) :]  # (B, t)
         context, cache.state = self.kernel.recurrent_step(cache.state, q, k, v, key_mask=step_mask)
         return context  # (B, H, t, Dh)

@@ -55,12 +55,20 @@ TRAIN_CASES = [
     KernelCase(
         "lsh_c64_h4_recompute", "lsh", {"chunk_size": 64, "n_hashes": 4, "n_buckets": 64, "recompute": True}
     ),
+    # The paper's shared-QK form (conf/attention/lsh.yaml's default): keys are the unit-length queries.
+    KernelCase("lsh_qk_c64_h4", "lsh", {"chunk_size": 64, "n_hashes": 4, "n_buckets": 64, "shared_qk": True}),
+    KernelCase(
+        "lsh_qk_c64_h4_recompute",
+        "lsh",
+        {"chunk_size": 64, "n_hashes": 4, "n_buckets": 64, "shared_qk": True, "recompute": True},
+    ),
 ]
 DECODE_CASES = [
     KernelCase("mha_sdpa", "sdpa"),
     KernelCase("gqa_sdpa_kv2", "sdpa", kv_heads=2),
     KernelCase("linear_elu", "linear", {"feature_map": "elu"}),
     KernelCase("lsh_c64_h4", "lsh", {"chunk_size": 64, "n_hashes": 4, "n_buckets": 64}),
+    KernelCase("lsh_qk_c64_h4", "lsh", {"chunk_size": 64, "n_hashes": 4, "n_buckets": 64, "shared_qk": True}),
 ]
 
 
@@ -189,7 +197,8 @@ def measure_kernel(layer: MultiHeadAttention, length: int, setup: Setup) -> dict
     def step() -> None:
         for tensor in (q, k, v):
             tensor.grad = None
-        layer.kernel(q, k, v, causal=setup.causal).context.backward(grad)
+        keys = layer.kernel.shared_keys(q) if layer.kernel.shared_qk else k  # shared QK: from the queries
+        layer.kernel(q, keys, v, causal=setup.causal).context.backward(grad)
 
     time_ms = setup.time_ms(step)
     return timed_row(time_ms, peak_bytes(step, setup.device))

@@ -103,7 +103,7 @@ def test_the_labels_name_each_sites_kernel(tmp_path: Path) -> None:
     config, _ = build("attention=linformer", tmp_path=tmp_path)
     assert describe_attention(config) == "linformer k=64 headwise decoder_self=eager"
     config, _ = build("attention=lsh", tmp_path=tmp_path)
-    assert describe_attention(config) == "lsh buckets=8 hashes=4 chunk=64 cross=eager"
+    assert describe_attention(config) == "lsh buckets=8 hashes=4 chunk=64 shared-qk cross=eager"
 
 
 @pytest.mark.parametrize(

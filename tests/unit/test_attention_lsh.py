@@ -255,3 +255,98 @@ def test_recompute_gives_the_same_result_and_gradients_with_less_saved(causal: b
     for got, expected in zip(recomputed[2], stored[2], strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     assert recomputed[0] < stored[0] / 2
+
+
+# --- shared QK (the paper's form): keys are the unit-length queries, one sorted item per token ----------
+
+
+def shared_inputs(*, length: int = 13, seed: int = 0):
+    """Queries, values and padding of a self-attention call (4 heads, 3 rows of 13, 9 and 2 tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, 4, length, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(3, 4, length, 8, generator=gen, dtype=torch.float64)
+    key_mask = torch.arange(length)[None, :] < torch.tensor([length, length - 4, 2])[:, None]
+    return q, v, key_mask
+
+
+def shared_forms(kernel: LSHAttention, q: Tensor, v: Tensor, key_mask: Tensor, *, causal: bool):
+    """Each round's log-sum-exp and context by the direct form and the shared-QK chunked one."""
+    k = kernel.shared_keys(q)
+    kb = kernel.buckets(k).masked_fill(~key_mask[None, :, None, :], kernel.n_buckets)
+    q = q / math.sqrt(q.size(-1))
+    return (
+        kernel._rounds_dense(q, k, v, kb, kb, causal=causal),
+        kernel._rounds_shared(q, k, v, kb, kb, causal=causal),
+    )
+
+
+SHARED_SETTINGS = {**SETTINGS, "b4_c5": {"n_buckets": 4, "n_hashes": 2, "chunk_size": 5}}
+
+
+@pytest.mark.parametrize("settings", SHARED_SETTINGS.values(), ids=SHARED_SETTINGS.keys())
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_shared_qk_chunked_form_equals_the_direct_one(settings: dict, causal: bool) -> None:
+    kernel = build_kernel("lsh", **settings, shared_qk=True)
+    leaves = [t.requires_grad_() for t in shared_inputs(seed=3)[:2]]
+    key_mask = shared_inputs(seed=3)[2]
+    (z_dense, out_dense), (z_shared, out_shared) = shared_forms(kernel, *leaves, key_mask, causal=causal)
+    finite = torch.isfinite(z_dense)
+    assert torch.equal(finite, torch.isfinite(z_shared))
+    torch.testing.assert_close(z_shared[finite], z_dense[finite], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out_shared, out_dense, rtol=1e-12, atol=1e-12)
+    grads = [
+        torch.autograd.grad(out.square().sum() + z[torch.isfinite(z)].sum(), leaves, retain_graph=True)
+        for z, out in ((z_dense, out_dense), (z_shared, out_shared))
+    ]
+    for a, b in zip(*grads, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_shared_qk_with_one_bucket_is_softmax_attention_over_unit_queries(causal: bool) -> None:
+    q, v, key_mask = shared_inputs(length=20)
+    kernel = build_kernel("lsh", n_buckets=1, n_hashes=2, chunk_size=32, exclude_self=False, shared_qk=True)
+    got = kernel(q, kernel.shared_keys(q), v, key_mask=key_mask, causal=causal).context
+    unit = q / q.norm(dim=-1, keepdim=True)
+    expected = masked_softmax(q, unit, v, visible_keys(key_mask, 20, 20, causal=causal))
+    real = key_mask[:, None, :, None].expand_as(got)  # padded tokens keep to padded keys: not compared
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_a_shared_qk_layer_has_no_key_projection_and_decodes_as_the_full_pass(kv_heads: int) -> None:
+    torch.manual_seed(0)
+    kernel = build_kernel("lsh", n_buckets=2, n_hashes=2, chunk_size=2, shared_qk=True)
+    layer = MultiHeadAttention(d_model=32, num_heads=4, num_kv_heads=kv_heads, kernel=kernel).double().eval()
+    assert layer.k_proj is None and "k_proj.weight" not in layer.state_dict()
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    full, _ = layer(x, causal=True)  # 12 x 12 with chunks of 2: the shared chunked form
+    cache = KVCache(max_len=kernel.cache_window())
+    steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(12)]  # the direct form
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-12)
+    # Keys of every query head, values of the kv heads: what cache_bytes counts.
+    held = (cache.k.numel() + cache.v.numel()) * 4 // 2
+    assert held == kernel.cache_bytes(12, num_kv_heads=kv_heads, head_dim=8, dtype=torch.float32)
+
+
+def test_shared_qk_padding_never_leaks_and_recompute_matches() -> None:
+    q, v, key_mask = shared_inputs(length=40)
+    settings = {"n_buckets": 4, "n_hashes": 3, "chunk_size": 4, "shared_qk": True}
+    kernel = build_kernel("lsh", **settings)
+    k = kernel.shared_keys(q)
+    out = kernel(q, k, v, key_mask=key_mask).context
+    hidden = ~key_mask[:, None, :, None]
+    noise = torch.randn_like(q) * 100
+    changed = kernel(torch.where(hidden, noise, q), k, torch.where(hidden, noise, v), key_mask=key_mask)
+    real = key_mask[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(changed.context[real], out[real], rtol=0, atol=0)
+    for causal in (False, True):
+        stored = saved_bytes_and_grads(kernel, (q, k, v), key_mask, causal=causal)
+        recomputed = saved_bytes_and_grads(
+            build_kernel("lsh", **settings, recompute=True), (q, k, v), key_mask, causal=causal
+        )
+        torch.testing.assert_close(recomputed[1], stored[1], rtol=1e-12, atol=1e-12)
+        for got, expected in zip(recomputed[2], stored[2], strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        assert recomputed[0] < stored[0] / 2

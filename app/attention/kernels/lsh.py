@@ -7,14 +7,17 @@ Section 2 of the paper, paragraph by paragraph, and where this kernel follows or
   pointing the same way share a bucket. The rotations are drawn once from ``seed`` (fixed for a run, not
   redrawn per step), one per hashing round.
 * *LSH attention*: sort by (bucket, position), chunk, attend within a chunk and the one before it, masking
-  keys of other buckets. The paper shares Q and K, so every bucket holds as many queries as keys; here Q
-  and K come from separate projections, so queries and keys are sorted *together*, and each chunk of
-  ``chunk_size`` sorted items attends a slab of the sorted keys around it. What a query sees does not
-  depend on the chunking: up to ``chunk_size`` keys of its own bucket that come before it in (bucket,
-  position) order and, unless causal, up to ``chunk_size`` after it. Causal: only earlier-or-equal
-  positions, i.e. the query's ``chunk_size`` most recent same-bucket keys -- a choice made from past keys
-  only, so a cached decoding step sees exactly what the full pass saw (the paper's chunks would let later
-  tokens' buckets move the chunk boundaries).
+  keys of other buckets. With ``shared_qk`` (the paper's form, the config's default) the keys are the
+  unit-length queries, k_j = q_j / |q_j|, and the layer has no key projection: every token is one sorted
+  item, query and key at once, and chunk c attends chunks c-1, c and, not causal, c+1. Without it Q and K
+  come from separate projections, so queries and keys are sorted *together*, and each chunk of
+  ``chunk_size`` sorted items attends a slab of the sorted keys around it (about 3x the work per round:
+  half the rows are keys). In both forms what a query sees does not depend on the chunking: up to
+  ``chunk_size`` keys of its own bucket that come before it in (bucket, position) order and, unless
+  causal, up to ``chunk_size`` after it. Causal: only earlier-or-equal positions, i.e. the query's
+  ``chunk_size`` most recent same-bucket keys -- a choice made from past keys only, so a cached decoding
+  step sees exactly what the full pass saw (the paper's chunks would let later tokens' buckets move the
+  chunk boundaries).
 * *Multi-round LSH attention*: ``n_hashes`` rounds; each round's softmax over its own keys is weighted by
   exp(z_r - z), z_r its log-sum-exp and z that of all rounds, and a key found in N_ij rounds' buckets has
   log N_ij subtracted from its score, so the combination is the softmax over the union of the rounds' key
@@ -78,6 +81,7 @@ class LSHAttention(AttentionKernel):
         seed: int = 0,
         exclude_self: bool = True,
         recompute: bool = False,
+        shared_qk: bool = False,
     ) -> None:
         super().__init__()
         for name, value in {"n_buckets": n_buckets, "n_hashes": n_hashes, "chunk_size": chunk_size}.items():
@@ -95,21 +99,45 @@ class LSHAttention(AttentionKernel):
         # (activation checkpointing per round): training memory then holds one round's chunk scores at a
         # time plus (Tq x Dh) per round, for about 1/3 more compute.
         self.recompute = bool(recompute)
+        # shared_qk: the paper's form, keys are the unit-length queries (the layer has no key projection).
+        # A token is then one sorted item, query and key at once, and a round costs about a third of the
+        # separate form's (no key rows, no query/key interleaving in the chunks; :meth:`_round_shared`).
+        self.shared_qk = bool(shared_qk)
         self._rotations: dict[tuple[int, torch.device], Tensor] = {}
+        self._num_heads = 1  # set by bind()
 
     def extra_repr(self) -> str:
         return (
             f"n_buckets={self.n_buckets}, n_hashes={self.n_hashes}, chunk_size={self.chunk_size}, "
-            f"seed={self.seed}, exclude_self={self.exclude_self}, recompute={self.recompute}"
+            f"seed={self.seed}, exclude_self={self.exclude_self}, recompute={self.recompute}, "
+            f"shared_qk={self.shared_qk}"
         )
 
     def describe(self) -> str:
-        """E.g. ``lsh buckets=8 hashes=4 chunk=64``."""
-        return f"{self.name} buckets={self.n_buckets} hashes={self.n_hashes} chunk={self.chunk_size}"
+        """E.g. ``lsh buckets=8 hashes=4 chunk=64`` (``shared-qk`` appended in the paper's form)."""
+        shared = " shared-qk" if self.shared_qk else ""
+        return f"{self.name} buckets={self.n_buckets} hashes={self.n_hashes} chunk={self.chunk_size}{shared}"
 
     def scores_per_query(self, length: int, *, head_dim: int) -> int:
-        """Each round scores a slab of 2-3 chunks per sorted item (queries and keys), with gradients."""
-        return 4 * self.n_hashes * min(length, 6 * self.chunk_size)
+        """Each round scores a slab of 2-3 chunks per sorted item (queries and keys, or shared tokens)."""
+        items = 3 if self.shared_qk else 6
+        return 4 * self.n_hashes * min(length, items * self.chunk_size)
+
+    def shared_keys(self, q: Tensor) -> Tensor:
+        """Shared-QK keys: the queries scaled to unit length, k_j = q_j / |q_j| (paper, section 2)."""
+        if not self.shared_qk:
+            return super().shared_keys(q)
+        return q / q.norm(dim=-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
+
+    def cache_bytes(self, length: int, *, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """As every KV cache; shared-QK keys have one head per query head (values keep ``num_kv_heads``)."""
+        if not self.shared_qk:
+            return super().cache_bytes(length, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
+        return (self._num_heads + num_kv_heads) * length * head_dim * dtype.itemsize
+
+    def bind(self, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        """Remember the query head count (the shared-QK cache holds that many key heads)."""
+        self._num_heads = num_heads
 
     # --- hashing ----------------------------------------------------------------------------------------
 
@@ -151,13 +179,22 @@ class LSHAttention(AttentionKernel):
         heads, tq, dim = q.size(1), q.size(2), q.size(3)
         tk = k.size(2)
         k, v = repeat_kv(k, heads), repeat_kv(v, heads)  # (B, H, Tk, Dh)
-        qb, kb = self.buckets(q), self.buckets(k)  # (R, B, H, Tq), (R, B, H, Tk)
-        if key_mask is not None:  # padded keys in a bucket of their own, which no query has
+        kb = self.buckets(k)  # (R, B, H, Tk)
+        # Shared QK: a query's bucket is its own key's (the same direction), taken from the key so that a
+        # cached decoding step and the full pass agree even where rounding would break an argmax tie.
+        qb = kb[..., tk - tq :] if self.shared_qk else self.buckets(q)  # (R, B, H, Tq)
+        if key_mask is not None:  # padded keys in a bucket of their own, which no real query has
             kb = kb.masked_fill(~key_mask[None, :, None, :], self.n_buckets)
+            if self.shared_qk:
+                qb = kb[..., tk - tq :]  # padded tokens (ignored queries) keep to padded keys
         q = q / math.sqrt(dim)
         width = self.chunk_size * (2 if causal else 3)
-        use_dense = tq * tk <= (tq + tk) * width
-        rounds = self._rounds_dense if use_dense else self._rounds_chunked
+        if tq * tk <= (tq + tk) * width:
+            rounds = self._rounds_dense
+        elif self.shared_qk and tq == tk:
+            rounds = self._rounds_shared
+        else:
+            rounds = self._rounds_chunked
         z, out = rounds(q, k, v, qb, kb, causal=causal)  # (R, B, H, Tq), (R, B, H, Tq, Dv)
         return AttentionOutput(context=self._combine(z, out, q, k, v, key_mask=key_mask))
 
@@ -218,18 +255,91 @@ class LSHAttention(AttentionKernel):
         before the chunk to ``chunk_size`` (2 x when not causal) after its first key holds every key its
         queries may see. Memory: (items / chunk) x chunk x slab scores per round.
         """
+        return self._each_round(self._round_chunked, q, k, v, qb, kb, causal=causal)
+
+    def _rounds_shared(
+        self, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, *, causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        """The same rounds as :meth:`_rounds_dense` for shared-QK self-attention (Tq == Tk, qb == kb).
+
+        Each token is one item: sorted by (bucket, position), the keys a query may see are the items from
+        ``chunk_size - 1`` before it to ``chunk_size`` after it (causal: up to itself) that share its bucket,
+        so chunk c of the sorted items attends chunks c-1, c and (not causal) c+1: the paper's look-back,
+        one chunk further where the site is not causal. Memory: items x (2 or 3) x chunk scores per round.
+        """
+        return self._each_round(self._round_shared, q, k, v, qb, kb, causal=causal)
+
+    def _each_round(
+        self, one_round, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, *, causal: bool
+    ):
+        """Stack ``one_round`` over the rounds: (R, B, H, Tq) log-sum-exps, (R, B, H, Tq, Dv) contexts;
+        with ``recompute``, each round's intermediates are recomputed in the backward pass."""
         zs, outs = [], []
         recompute = self.recompute and torch.is_grad_enabled()
         for r in range(self.n_hashes):
             if recompute:  # buckets are integers: the recomputed round sorts and masks exactly alike
-                z, out = checkpoint(
-                    self._round_chunked, q, k, v, qb, kb, r, causal=causal, use_reentrant=False
-                )
+                z, out = checkpoint(one_round, q, k, v, qb, kb, r, causal=causal, use_reentrant=False)
             else:
-                z, out = self._round_chunked(q, k, v, qb, kb, r, causal=causal)
+                z, out = one_round(q, k, v, qb, kb, r, causal=causal)
             zs.append(z)
             outs.append(out)
         return torch.stack(zs), torch.stack(outs)
+
+    def _round_shared(
+        self, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, r: int, *, causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        """Round ``r`` of :meth:`_rounds_shared`: (B, H, T) log-sum-exp and (B, H, T, Dv) context."""
+        batch, heads, length, _ = q.shape
+        m = self.chunk_size
+        chunks = math.ceil(length / m)
+        span = length + 1
+        order = (kb[r] * span + torch.arange(length, device=q.device)).argsort(dim=-1)  # (B, H, T)
+        # Sorted items in chunks; the padding items (index T) have bucket -1, the chunks added before the
+        # first and after the last (look-around) bucket -2, so no real item shares a bucket with either.
+        slot = torch.cat([order, order.new_full((batch, heads, chunks * m - length), length)], dim=-1)
+        rows = slot.view(batch, heads, chunks, m)  # (B, H, C, m)
+        codes = _small(torch.cat([kb, kb.new_full((*kb.shape[:3], 1), -1)], dim=-1))  # (B, H, T + 1, R)
+        row_codes = _take(codes, rows)  # (B, H, C, m, R) every round's bucket of each sorted item
+        tokens = rows.clamp(max=length - 1)  # padding items read the last token, masked by their bucket
+        q_rows = _take(q, tokens)  # (B, H, C, m, Dh)
+        k_ring, v_ring = (_around(_take(x, tokens), causal) for x in (k, v))  # (B, H, C + 1|2, m, Dh)
+        code_ring = _around(row_codes, causal, fill=-2)  # (B, H, C + 2, m, R)
+        sides = 2 if causal else 3
+        scores = torch.cat(
+            [q_rows @ k_ring[:, :, s : s + chunks].transpose(-1, -2) for s in range(sides)], dim=-1
+        )  # (B, H, C, m, sides * m)
+        col_codes = torch.cat([code_ring[:, :, s : s + chunks] for s in range(sides)], dim=-2)  # (B,H,C,W,R)
+        same = [row_codes[..., :, None, s] == col_codes[..., None, :, s] for s in range(self.n_hashes)]
+        keep = same[r] & self._band(m, causal, q.device)  # (B, H, C, m, W)
+        if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket (>= 1 where kept)
+            repeats = torch.stack(same, dim=0).sum(0, dtype=torch.uint8)  # (B, H, C, m, W)
+            scores = scores - repeats.to(scores.dtype).clamp_(min=1).log_()
+        hidden = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        any_kept = keep.any(dim=-1)  # (B, H, C, m)
+        weights = torch.softmax(hidden, dim=-1)
+        z = torch.where(any_kept, _LogSumExp.apply(hidden, weights), float("-inf"))
+        out = (
+            sum(weights[..., s * m : (s + 1) * m] @ v_ring[:, :, s : s + chunks] for s in range(sides))
+            * any_kept[..., None]
+        )  # (B, H, C, m, Dv)
+        # Back to token order: sorted item i is token rows[i]; the padding items go to slot T, dropped.
+        target = slot  # (B, H, C * m)
+        z_q = z.new_full((batch, heads, length + 1), float("-inf")).scatter(2, target, z.flatten(2))
+        index = target[..., None].expand(-1, -1, -1, out.size(-1))
+        out_q = out.new_zeros(batch, heads, length + 1, out.size(-1)).scatter(2, index, out.flatten(2, 3))
+        return z_q[..., :length], out_q[:, :, :length]
+
+    def _band(self, m: int, causal: bool, device: torch.device) -> Tensor:
+        """(m, W) which look-around columns row o of a chunk may see: sorted offsets -(m - 1) .. m (causal:
+        .. 0) from the row, without the row itself when ``exclude_self``. Column w is the item w - m after
+        the chunk's first."""
+        offset = (
+            torch.arange((2 if causal else 3) * m, device=device)[None, :]
+            - m
+            - torch.arange(m, device=device)[:, None]
+        )
+        band = (offset > -m) & (offset <= (0 if causal else m))
+        return band & (offset != 0) if self.exclude_self else band
 
     def _round_chunked(
         self, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, r: int, *, causal: bool
@@ -321,6 +431,13 @@ def _sort_and_chunk(qb: Tensor, kb: Tensor, m: int, *, causal: bool) -> tuple[Te
         batch, heads, chunks, width
     )
     return rows, ins, slab, slab_ok
+
+
+def _around(x: Tensor, causal: bool, fill: int = 0) -> Tensor:
+    """Chunks (B, H, C, m, ...) with one chunk of ``fill`` before them and (not causal) one after: chunk c's
+    look-around is then ``[:, :, c : c + 2 or 3]``; (B, H, C + 1 or 2, m, ...)."""
+    pad = x.new_full((x.size(0), x.size(1), 1, *x.shape[3:]), fill)
+    return torch.cat([pad, x] if causal else [pad, x, pad], dim=2)
 
 
 def _small(buckets: Tensor) -> Tensor:
