@@ -51,6 +51,10 @@ from torch.utils.checkpoint import checkpoint
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
 from app.attention.registry import AttentionConfigError, register_kernel
 
+# The shared-QK form scores its sorted chunks in blocks of about this many scores (32 MiB in float32), so
+# that a round's temporaries stay bounded at any length (and, with recompute, what its backward holds).
+BLOCK_SCORES = 2**23
+
 CROSS_REASON = (
     "LSH buckets relate positions of one sequence: a target query has no own key among the source keys to "
     "fall back to, and one whose buckets hold no source key would attend nothing"
@@ -211,9 +215,10 @@ class LSHAttention(AttentionKernel):
             k_own, v_own = k[:, :, own], v[:, :, own]  # (B, H, Tq, Dh)
             alone = ~torch.isfinite(z).any(dim=0) & exists[:, None, :]  # (B, H, Tq): nothing else visible
             z_own = torch.where(alone, (q * k_own).sum(-1), float("-inf"))  # (B, H, Tq)
-            z, out = torch.cat([z, z_own[None]]), torch.cat([out, v_own[None]])
+            z, out = torch.cat([z, z_own[None]]), [*out, v_own]
         weights = _safe_softmax(z, dim=0)  # (R [+1], B, H, Tq)
-        return (weights[..., None] * out).sum(0)
+        # One round at a time: no (R, B, H, Tq, Dv) product or copy of the rounds' contexts.
+        return sum(w[..., None] * o for w, o in zip(weights, out, strict=True))
 
     def _rounds_dense(
         self, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, *, causal: bool
@@ -288,46 +293,80 @@ class LSHAttention(AttentionKernel):
     def _round_shared(
         self, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, r: int, *, causal: bool
     ) -> tuple[Tensor, Tensor]:
-        """Round ``r`` of :meth:`_rounds_shared`: (B, H, T) log-sum-exp and (B, H, T, Dv) context."""
+        """Round ``r`` of :meth:`_rounds_shared`: (B, H, T) log-sum-exp and (B, H, T, Dv) context.
+
+        The sorted chunks are taken a block at a time (:data:`BLOCK_SCORES` scores), so the round's
+        temporaries stay bounded; with ``recompute`` each block is recomputed in the backward pass.
+        """
         batch, heads, length, _ = q.shape
         m = self.chunk_size
         chunks = math.ceil(length / m)
-        span = length + 1
-        order = (kb[r] * span + torch.arange(length, device=q.device)).argsort(dim=-1)  # (B, H, T)
-        # Sorted items in chunks; the padding items (index T) have bucket -1, the chunks added before the
-        # first and after the last (look-around) bucket -2, so no real item shares a bucket with either.
-        slot = torch.cat([order, order.new_full((batch, heads, chunks * m - length), length)], dim=-1)
-        rows = slot.view(batch, heads, chunks, m)  # (B, H, C, m)
-        codes = _small(torch.cat([kb, kb.new_full((*kb.shape[:3], 1), -1)], dim=-1))  # (B, H, T + 1, R)
-        row_codes = _take(codes, rows)  # (B, H, C, m, R) every round's bucket of each sorted item
-        tokens = rows.clamp(max=length - 1)  # padding items read the last token, masked by their bucket
-        q_rows = _take(q, tokens)  # (B, H, C, m, Dh)
-        k_ring, v_ring = (_around(_take(x, tokens), causal) for x in (k, v))  # (B, H, C + 1|2, m, Dh)
-        code_ring = _around(row_codes, causal, fill=-2)  # (B, H, C + 2, m, R)
+        order = (kb[r] * (length + 1) + torch.arange(length, device=q.device)).argsort(dim=-1)  # (B, H, T)
+        # The sorted tokens in chunks, with one chunk before and after them (the look-around of the first
+        # and last chunks); padding slots hold token T, whose bucket (-1 in the chunks, -2 around them)
+        # no real token has.
+        fill = order.new_full((batch, heads, m), length + 1)
+        tail = order.new_full((batch, heads, chunks * m - length), length)
+        ring = torch.cat([fill, order, tail, fill], dim=-1)  # (B, H, (C + 2) m)
+        codes = torch.cat([kb, kb.new_full((*kb.shape[:3], 2), -1)], dim=-1)  # (R, B, H, T + 2)
+        codes[..., length + 1] = -2
+        codes = _small(codes)  # (B, H, T + 2, R)
+        per_chunk = batch * heads * m * m * (2 if causal else 3)
+        step = max(1, BLOCK_SCORES // per_chunk)
+        recompute = self.recompute and torch.is_grad_enabled()
+        zs, outs = [], []
+        for first in range(0, chunks, step):
+            block = ring[..., first * m : (min(first + step, chunks) + 2) * m]  # (B, H, (n + 2) m)
+            if recompute:  # indices and buckets are integers: the recomputed block is the same block
+                z, out = checkpoint(
+                    self._block_shared, q, k, v, codes, block, r, causal=causal, use_reentrant=False
+                )
+            else:
+                z, out = self._block_shared(q, k, v, codes, block, r, causal=causal)
+            zs.append(z)
+            outs.append(out)
+        # Back to token order: sorted item i is token ring[m + i]; padding slots go to slot T, dropped.
+        target = ring[..., m : (chunks + 1) * m]  # (B, H, C m)
+        z_q = q.new_full((batch, heads, length + 1), float("-inf")).scatter(2, target, torch.cat(zs, -1))
+        index = target[..., None].expand(-1, -1, -1, v.size(-1))
+        out_q = q.new_zeros(batch, heads, length + 1, v.size(-1)).scatter(2, index, torch.cat(outs, -2))
+        return z_q[..., :length], out_q[:, :, :length]
+
+    def _block_shared(
+        self, q: Tensor, k: Tensor, v: Tensor, codes: Tensor, block: Tensor, r: int, *, causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        """n sorted chunks of round ``r``: ``block`` (B, H, (n + 2) m) holds their tokens with one chunk
+        before and after, ``codes`` (B, H, T + 2, R) every round's bucket of every token (and of the two
+        padding tokens). Returns the chunks' (B, H, n m) log-sum-exps and (B, H, n m, Dv) contexts."""
+        m = self.chunk_size
+        length = q.size(2)
+        n = block.size(-1) // m - 2
         sides = 2 if causal else 3
+        tokens = block.clamp(max=length - 1).view(*block.shape[:2], n + 2, m)  # padding reads token T - 1
+        ring_codes = _take(codes, block.view_as(tokens))  # (B, H, n + 2, m, R)
+        q_rows = _take(q, tokens[:, :, 1 : n + 1])  # (B, H, n, m, Dh)
+        k_ring, v_ring = _take(k, tokens), _take(v, tokens)  # (B, H, n + 2, m, Dh)
         scores = torch.cat(
-            [q_rows @ k_ring[:, :, s : s + chunks].transpose(-1, -2) for s in range(sides)], dim=-1
-        )  # (B, H, C, m, sides * m)
-        col_codes = torch.cat([code_ring[:, :, s : s + chunks] for s in range(sides)], dim=-2)  # (B,H,C,W,R)
-        same = [row_codes[..., :, None, s] == col_codes[..., None, :, s] for s in range(self.n_hashes)]
-        keep = same[r] & self._band(m, causal, q.device)  # (B, H, C, m, W)
+            [q_rows @ k_ring[:, :, s : s + n].transpose(-1, -2) for s in range(sides)], dim=-1
+        )  # (B, H, n, m, W)
+        row_codes = ring_codes[:, :, 1 : n + 1]  # (B, H, n, m, R)
+        col_codes = torch.cat([ring_codes[:, :, s : s + n] for s in range(sides)], dim=-2)  # (B, H, n, W, R)
+        keep, repeats = None, None
+        for s in range(self.n_hashes):
+            same = row_codes[..., :, None, s] == col_codes[..., None, :, s]  # (B, H, n, m, W)
+            if s == r:
+                keep = same & self._band(m, causal, q.device)
+            repeats = same.to(torch.uint8) if repeats is None else repeats.add_(same)
         if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket (>= 1 where kept)
-            repeats = torch.stack(same, dim=0).sum(0, dtype=torch.uint8)  # (B, H, C, m, W)
-            scores = scores - repeats.to(scores.dtype).clamp_(min=1).log_()
-        hidden = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
-        any_kept = keep.any(dim=-1)  # (B, H, C, m)
+            scores.sub_(repeats.to(scores.dtype).clamp_(min=1).log_())
+        del repeats
+        hidden = scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)
+        any_kept = keep.any(dim=-1)  # (B, H, n, m)
         weights = torch.softmax(hidden, dim=-1)
         z = torch.where(any_kept, _LogSumExp.apply(hidden, weights), float("-inf"))
-        out = (
-            sum(weights[..., s * m : (s + 1) * m] @ v_ring[:, :, s : s + chunks] for s in range(sides))
-            * any_kept[..., None]
-        )  # (B, H, C, m, Dv)
-        # Back to token order: sorted item i is token rows[i]; the padding items go to slot T, dropped.
-        target = slot  # (B, H, C * m)
-        z_q = z.new_full((batch, heads, length + 1), float("-inf")).scatter(2, target, z.flatten(2))
-        index = target[..., None].expand(-1, -1, -1, out.size(-1))
-        out_q = out.new_zeros(batch, heads, length + 1, out.size(-1)).scatter(2, index, out.flatten(2, 3))
-        return z_q[..., :length], out_q[:, :, :length]
+        out = sum(weights[..., s * m : (s + 1) * m] @ v_ring[:, :, s : s + n] for s in range(sides))
+        out = out * any_kept[..., None]  # (B, H, n, m, Dv)
+        return z.flatten(2), out.flatten(2, 3)
 
     def _band(self, m: int, causal: bool, device: torch.device) -> Tensor:
         """(m, W) which look-around columns row o of a chunk may see: sorted offsets -(m - 1) .. m (causal:
@@ -431,13 +470,6 @@ def _sort_and_chunk(qb: Tensor, kb: Tensor, m: int, *, causal: bool) -> tuple[Te
         batch, heads, chunks, width
     )
     return rows, ins, slab, slab_ok
-
-
-def _around(x: Tensor, causal: bool, fill: int = 0) -> Tensor:
-    """Chunks (B, H, C, m, ...) with one chunk of ``fill`` before them and (not causal) one after: chunk c's
-    look-around is then ``[:, :, c : c + 2 or 3]``; (B, H, C + 1 or 2, m, ...)."""
-    pad = x.new_full((x.size(0), x.size(1), 1, *x.shape[3:]), fill)
-    return torch.cat([pad, x] if causal else [pad, x, pad], dim=2)
 
 
 def _small(buckets: Tensor) -> Tensor:
