@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from helpers.attention_menu import attention_menu
 from helpers.batches import random_sources
 
 from app.decoding import output_limits
@@ -27,23 +28,7 @@ pytestmark = [
 
 PAD, BOS, EOS, VOCAB = 0, 2, 3, 20
 
-KERNELS = {
-    "eager": {"kernel": "eager"},
-    "sdpa_gqa": {"kernel": "sdpa", "num_kv_heads": 2},
-    "flash": {"kernel": "flash", "options": {"backend": "math"}},
-    "sparse": {
-        "kernel": "sparse",
-        "options": {"pattern": "sliding_window", "window": 2},
-        "sites": {"cross": {"kernel": "eager"}},
-    },
-    "linformer": {"kernel": "eager", "sites": {"cross": {"kernel": "linformer", "options": {"k": 4}}}},
-    "linear": {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}},
-    "lsh": {
-        "kernel": "lsh",
-        "options": {"chunk_size": 1, "n_buckets": 2, "n_hashes": 2},
-        "sites": {"cross": {"kernel": "eager"}},
-    },
-}
+KERNELS = attention_menu("eager", "sdpa_gqa", "flash", "sparse", "linformer", "linear", "lsh_shared_qk")
 
 
 def decode_both(model: Transformer, src: torch.Tensor, *, beam: int) -> tuple[list, list]:

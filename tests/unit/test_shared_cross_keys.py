@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from helpers.attention_menu import attention_menu
 from helpers.batches import random_sources
 
 from app.attention import KVCache
@@ -21,19 +22,9 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 PAD, BOS, EOS, VOCAB = 0, 2, 3, 20
 
-ATTENTION = {
-    "eager": {"kernel": "eager"},
-    "eager_gqa": {"kernel": "eager", "num_kv_heads": 2},
-    "sdpa_mqa": {"kernel": "sdpa", "num_kv_heads": 1},
-    "flash": {"kernel": "flash", "options": {"backend": "math"}},
-    "linformer": {"kernel": "eager", "sites": {"cross": {"kernel": "linformer", "options": {"k": 4}}}},
-    "linear": {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}},
-    "lsh": {
-        "kernel": "lsh",
-        "options": {"chunk_size": 1, "n_buckets": 2, "n_hashes": 2},
-        "sites": {"cross": {"kernel": "eager"}},
-    },
-}
+ATTENTION = attention_menu(
+    "eager", "eager_gqa", "sdpa_mqa", "flash", "sparse", "linformer", "linear", "lsh", "lsh_shared_qk"
+)
 
 
 def copied_beams(model: Seq2Seq) -> Callable:

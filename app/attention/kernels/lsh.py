@@ -212,7 +212,7 @@ class LSHAttention(AttentionKernel):
             own = torch.arange(tq, device=q.device) + (tk - tq)  # (Tq,) each query's own position
             exists = (own >= 0)[None, :] if key_mask is None else (own >= 0) & key_mask[:, own.clamp(min=0)]
             own = own.clamp(min=0, max=tk - 1)
-            k_own, v_own = k[:, :, own], v[:, :, own]  # (B, H, Tq, Dh)
+            k_own, v_own = (k, v) if tq == tk else (k[:, :, own], v[:, :, own])  # (B, H, Tq, Dh)
             alone = ~torch.isfinite(z).any(dim=0) & exists[:, None, :]  # (B, H, Tq): nothing else visible
             z_own = torch.where(alone, (q * k_own).sum(-1), float("-inf"))  # (B, H, Tq)
             z, out = torch.cat([z, z_own[None]]), [*out, v_own]
