@@ -109,8 +109,8 @@ def both_forms(kernel: LSHAttention, q, k, v, key_mask, *, causal: bool):
         kb = kb.masked_fill(~key_mask[None, :, None, :], kernel.n_buckets)
     q = q / math.sqrt(q.size(-1))
     dense = kernel._rounds_dense(q, k, v, qb, kb, causal=causal)
-    chunked = kernel._rounds_chunked(q, k, v, qb, kb, causal=causal)
-    return dense, chunked
+    z, outs = kernel._rounds_chunked(q, k, v, qb, kb, causal=causal)
+    return dense, (z, torch.stack(outs))
 
 
 SETTINGS = {
@@ -275,10 +275,8 @@ def shared_forms(kernel: LSHAttention, q: Tensor, v: Tensor, key_mask: Tensor, *
     k = kernel.shared_keys(q)
     kb = kernel.buckets(k).masked_fill(~key_mask[None, :, None, :], kernel.n_buckets)
     q = q / math.sqrt(q.size(-1))
-    return (
-        kernel._rounds_dense(q, k, v, kb, kb, causal=causal),
-        kernel._rounds_shared(q, k, v, kb, kb, causal=causal),
-    )
+    z, outs = kernel._rounds_shared(q, k, v, kb, kb, causal=causal)
+    return kernel._rounds_dense(q, k, v, kb, kb, causal=causal), (z, torch.stack(outs))
 
 
 SHARED_SETTINGS = {**SETTINGS, "b4_c5": {"n_buckets": 4, "n_hashes": 2, "chunk_size": 5}}

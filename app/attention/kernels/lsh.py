@@ -42,6 +42,7 @@ source key would attend nothing. No attention matrix is formed, so no weights an
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -51,9 +52,9 @@ from torch.utils.checkpoint import checkpoint
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
 from app.attention.registry import AttentionConfigError, register_kernel
 
-# The shared-QK form scores its sorted chunks in blocks of about this many scores (32 MiB in float32), so
+# The shared-QK form scores its sorted chunks in blocks of about this many scores (2 MiB in float32), so
 # that a round's temporaries stay bounded at any length (and, with recompute, what its backward holds).
-BLOCK_SCORES = 2**23
+BLOCK_SCORES = 2**19
 
 CROSS_REASON = (
     "LSH buckets relate positions of one sequence: a target query has no own key among the source keys to "
@@ -199,11 +200,11 @@ class LSHAttention(AttentionKernel):
             rounds = self._rounds_shared
         else:
             rounds = self._rounds_chunked
-        z, out = rounds(q, k, v, qb, kb, causal=causal)  # (R, B, H, Tq), (R, B, H, Tq, Dv)
+        z, out = rounds(q, k, v, qb, kb, causal=causal)  # (R, B, H, Tq), R x (B, H, Tq, Dv)
         return AttentionOutput(context=self._combine(z, out, q, k, v, key_mask=key_mask))
 
     def _combine(
-        self, z: Tensor, out: Tensor, q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None
+        self, z: Tensor, out: Sequence[Tensor], q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None
     ) -> Tensor:
         """Rounds weighted by exp(z_r - z) ("Multi-round LSH attention"), plus the own key where nothing else
         is visible ("Causal masking for shared-QK attention"). q is already scaled; returns (B, H, Tq, Dv)."""
@@ -271,16 +272,27 @@ class LSHAttention(AttentionKernel):
         ``chunk_size - 1`` before it to ``chunk_size`` after it (causal: up to itself) that share its bucket,
         so chunk c of the sorted items attends chunks c-1, c and (not causal) c+1: the paper's look-back,
         one chunk further where the site is not causal. Memory: items x (2 or 3) x chunk scores per round.
+        ``recompute`` works per block of chunks inside the round (:meth:`_round_shared`).
         """
-        return self._each_round(self._round_shared, q, k, v, qb, kb, causal=causal)
+        return self._each_round(self._round_shared, q, k, v, qb, kb, causal=causal, per_round=False)
 
     def _each_round(
-        self, one_round, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, *, causal: bool
+        self,
+        one_round,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        qb: Tensor,
+        kb: Tensor,
+        *,
+        causal: bool,
+        per_round=True,
     ):
-        """Stack ``one_round`` over the rounds: (R, B, H, Tq) log-sum-exps, (R, B, H, Tq, Dv) contexts;
-        with ``recompute``, each round's intermediates are recomputed in the backward pass."""
+        """``one_round`` over the rounds: (R, B, H, Tq) log-sum-exps and R (B, H, Tq, Dv) contexts (a list:
+        stacking would copy them); with ``recompute`` and ``per_round``, each round is recomputed in the
+        backward pass."""
         zs, outs = [], []
-        recompute = self.recompute and torch.is_grad_enabled()
+        recompute = self.recompute and per_round and torch.is_grad_enabled()
         for r in range(self.n_hashes):
             if recompute:  # buckets are integers: the recomputed round sorts and masks exactly alike
                 z, out = checkpoint(one_round, q, k, v, qb, kb, r, causal=causal, use_reentrant=False)
@@ -288,72 +300,80 @@ class LSHAttention(AttentionKernel):
                 z, out = one_round(q, k, v, qb, kb, r, causal=causal)
             zs.append(z)
             outs.append(out)
-        return torch.stack(zs), torch.stack(outs)
+        return torch.stack(zs), outs
 
     def _round_shared(
         self, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, r: int, *, causal: bool
     ) -> tuple[Tensor, Tensor]:
         """Round ``r`` of :meth:`_rounds_shared`: (B, H, T) log-sum-exp and (B, H, T, Dv) context.
 
-        The sorted chunks are taken a block at a time (:data:`BLOCK_SCORES` scores), so the round's
-        temporaries stay bounded; with ``recompute`` each block is recomputed in the backward pass.
+        Chunk-major layout: the sorted chunks are the outer dimension, so a chunk's look-around (the
+        chunks before and after it) is a contiguous slice and every product runs without copies. The
+        chunks are taken a block at a time (:data:`BLOCK_SCORES` scores), so the round's temporaries stay
+        bounded; with ``recompute`` each block is recomputed in the backward pass.
         """
-        batch, heads, length, _ = q.shape
-        m = self.chunk_size
+        batch, heads, length, dim = q.shape
+        rows, m = batch * heads, self.chunk_size
         chunks = math.ceil(length / m)
         order = (kb[r] * (length + 1) + torch.arange(length, device=q.device)).argsort(dim=-1)  # (B, H, T)
         # The sorted tokens in chunks, with one chunk before and after them (the look-around of the first
-        # and last chunks); padding slots hold token T, whose bucket (-1 in the chunks, -2 around them)
-        # no real token has.
-        fill = order.new_full((batch, heads, m), length + 1)
-        tail = order.new_full((batch, heads, chunks * m - length), length)
-        ring = torch.cat([fill, order, tail, fill], dim=-1)  # (B, H, (C + 2) m)
+        # and last chunks): padding slots hold token T (bucket -1) in the last chunk and T + 1 (bucket -2)
+        # around them, buckets that no real token has.
+        fill = order.new_full((rows, m), length + 1)
+        tail = order.new_full((rows, chunks * m - length), length)
+        ring = torch.cat([fill, order.view(rows, length), tail, fill], dim=-1)  # (BH, (C + 2) m)
+        ring = ring.view(rows, chunks + 2, m).transpose(0, 1).contiguous()  # (C + 2, BH, m)
         codes = torch.cat([kb, kb.new_full((*kb.shape[:3], 2), -1)], dim=-1)  # (R, B, H, T + 2)
         codes[..., length + 1] = -2
-        codes = _small(codes)  # (B, H, T + 2, R)
-        per_chunk = batch * heads * m * m * (2 if causal else 3)
-        step = max(1, BLOCK_SCORES // per_chunk)
+        codes = _small(codes).view(rows, length + 2, -1)  # (BH, T + 2, R)
+        flat = [x.reshape(rows, length, dim) for x in (q, k, v)]  # (BH, T, Dh)
+        step = max(1, BLOCK_SCORES // (rows * m * m * (2 if causal else 3)))
         recompute = self.recompute and torch.is_grad_enabled()
         zs, outs = [], []
         for first in range(0, chunks, step):
-            block = ring[..., first * m : (min(first + step, chunks) + 2) * m]  # (B, H, (n + 2) m)
+            block = ring[first : min(first + step, chunks) + 2]  # (n + 2, BH, m)
             if recompute:  # indices and buckets are integers: the recomputed block is the same block
                 z, out = checkpoint(
-                    self._block_shared, q, k, v, codes, block, r, causal=causal, use_reentrant=False
+                    self._block_shared, *flat, codes, block, r, causal=causal, use_reentrant=False
                 )
             else:
-                z, out = self._block_shared(q, k, v, codes, block, r, causal=causal)
+                z, out = self._block_shared(*flat, codes, block, r, causal=causal)
             zs.append(z)
             outs.append(out)
-        # Back to token order: sorted item i is token ring[m + i]; padding slots go to slot T, dropped.
-        target = ring[..., m : (chunks + 1) * m]  # (B, H, C m)
-        z_q = q.new_full((batch, heads, length + 1), float("-inf")).scatter(2, target, torch.cat(zs, -1))
-        index = target[..., None].expand(-1, -1, -1, v.size(-1))
-        out_q = q.new_zeros(batch, heads, length + 1, v.size(-1)).scatter(2, index, torch.cat(outs, -2))
-        return z_q[..., :length], out_q[:, :, :length]
+        # Back to token order: sorted slot i holds token ring[1:-1] (padding slots go to token T, dropped).
+        target = ring[1 : chunks + 1].permute(1, 0, 2).reshape(rows, chunks * m)  # (BH, C m)
+        z = torch.cat(zs).permute(1, 0, 2).reshape(rows, chunks * m)  # (BH, C m)
+        out = torch.cat(outs).permute(1, 0, 2, 3).reshape(rows, chunks * m, dim)  # (BH, C m, Dv)
+        z_q = z.new_full((rows, length + 1), float("-inf")).scatter(1, target, z)
+        out_q = out.new_zeros(rows, length + 1, dim).scatter(1, target[..., None].expand_as(out), out)
+        return z_q[:, :length].view(batch, heads, length), out_q[:, :length].view(batch, heads, length, dim)
 
     def _block_shared(
         self, q: Tensor, k: Tensor, v: Tensor, codes: Tensor, block: Tensor, r: int, *, causal: bool
     ) -> tuple[Tensor, Tensor]:
-        """n sorted chunks of round ``r``: ``block`` (B, H, (n + 2) m) holds their tokens with one chunk
-        before and after, ``codes`` (B, H, T + 2, R) every round's bucket of every token (and of the two
-        padding tokens). Returns the chunks' (B, H, n m) log-sum-exps and (B, H, n m, Dv) contexts."""
-        m = self.chunk_size
-        length = q.size(2)
-        n = block.size(-1) // m - 2
+        """n sorted chunks of round ``r``. q, k, v (BH, T, Dh); ``codes`` (BH, T + 2, R) every round's bucket
+        of every token and of the two padding tokens; ``block`` (n + 2, BH, m) the chunks' tokens with one
+        chunk before and after. Returns their (n, BH, m) log-sum-exps and (n, BH, m, Dv) contexts."""
+        m, length = self.chunk_size, q.size(1)
+        n = block.size(0) - 2
         sides = 2 if causal else 3
-        tokens = block.clamp(max=length - 1).view(*block.shape[:2], n + 2, m)  # padding reads token T - 1
-        ring_codes = _take(codes, block.view_as(tokens))  # (B, H, n + 2, m, R)
-        q_rows = _take(q, tokens[:, :, 1 : n + 1])  # (B, H, n, m, Dh)
-        k_ring, v_ring = _take(k, tokens), _take(v, tokens)  # (B, H, n + 2, m, Dh)
-        scores = torch.cat(
-            [q_rows @ k_ring[:, :, s : s + n].transpose(-1, -2) for s in range(sides)], dim=-1
-        )  # (B, H, n, m, W)
-        row_codes = ring_codes[:, :, 1 : n + 1]  # (B, H, n, m, R)
-        col_codes = torch.cat([ring_codes[:, :, s : s + n] for s in range(sides)], dim=-2)  # (B, H, n, W, R)
-        keep, repeats = None, None
+        # Rows of the flattened (BH T, Dh) tensors; padding slots read token T - 1, masked by their bucket.
+        starts = torch.arange(q.size(0), device=q.device)[None, :, None]  # (1, BH, 1)
+        rows = (block.clamp(max=length - 1) + starts * length).flatten()  # ((n + 2) BH m,)
+        ring_shape = (n + 2, q.size(0), m, q.size(-1))
+        k_ring, v_ring = (x.flatten(0, 1).index_select(0, rows).view(ring_shape) for x in (k, v))
+        q_rows = q.flatten(0, 1).index_select(0, rows[block[0].numel() : -block[0].numel()])
+        q_rows = q_rows.view(n, *ring_shape[1:])  # (n, BH, m, Dh)
+        code_rows = (block + starts * (length + 2)).flatten()
+        ring_codes = (
+            codes.flatten(0, 1).index_select(0, code_rows).view(*block.shape, -1)
+        )  # (n + 2, BH, m, R)
+        scores = torch.cat([q_rows @ k_ring[s : s + n].transpose(-1, -2) for s in range(sides)], dim=-1)
+        row_codes = ring_codes[1 : n + 1]  # (n, BH, m, R)
+        col_codes = torch.cat([ring_codes[s : s + n] for s in range(sides)], dim=-2)  # (n, BH, W, R)
+        keep, repeats = None, None  # scores, keep, repeats: (n, BH, m, W)
         for s in range(self.n_hashes):
-            same = row_codes[..., :, None, s] == col_codes[..., None, :, s]  # (B, H, n, m, W)
+            same = row_codes[..., :, None, s] == col_codes[..., None, :, s]
             if s == r:
                 keep = same & self._band(m, causal, q.device)
             repeats = same.to(torch.uint8) if repeats is None else repeats.add_(same)
@@ -361,12 +381,11 @@ class LSHAttention(AttentionKernel):
             scores.sub_(repeats.to(scores.dtype).clamp_(min=1).log_())
         del repeats
         hidden = scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)
-        any_kept = keep.any(dim=-1)  # (B, H, n, m)
+        any_kept = keep.any(dim=-1)  # (n, BH, m)
         weights = torch.softmax(hidden, dim=-1)
         z = torch.where(any_kept, _LogSumExp.apply(hidden, weights), float("-inf"))
-        out = sum(weights[..., s * m : (s + 1) * m] @ v_ring[:, :, s : s + n] for s in range(sides))
-        out = out * any_kept[..., None]  # (B, H, n, m, Dv)
-        return z.flatten(2), out.flatten(2, 3)
+        out = sum(weights[..., s * m : (s + 1) * m] @ v_ring[s : s + n] for s in range(sides))
+        return z, out * any_kept[..., None]  # (n, BH, m), (n, BH, m, Dv)
 
     def _band(self, m: int, causal: bool, device: torch.device) -> Tensor:
         """(m, W) which look-around columns row o of a chunk may see: sorted offsets -(m - 1) .. m (causal:
