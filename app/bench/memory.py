@@ -67,7 +67,37 @@ def peak_bytes(run: Callable[[], Any], device: torch.device) -> int | None:
     activities = [torch.profiler.ProfilerActivity.CPU]
     with quiet_stderr(), torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         run()
-    return cpu_peak_from_events(prof.events())
+    exact = cpu_peak_from_allocations(prof)
+    return exact if exact is not None else cpu_peak_from_events(prof.events())
+
+
+def cpu_peak_from_allocations(prof: torch.profiler.profile) -> int | None:
+    """The running total's maximum over every CPU allocation and free the profiler recorded, in time order.
+
+    Exact where :func:`cpu_peak_from_events` is not: frees made inside an op between its children (a
+    Python autograd Function's backward loop, say) count when they happen, not when the op ends. Reads
+    the profiler's event tree (``torch._C._profiler``, not a public API): None where it is unavailable or
+    holds no allocation, and the caller falls back to the op-level events.
+    """
+    try:
+        from torch._C._profiler import _EventType
+
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    except (AttributeError, ImportError, RuntimeError):
+        return None
+    changes: list[tuple[int, int]] = []  # (time in ns, bytes: + allocated, - freed)
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            changes.append((event.start_time_ns, event.extra_fields.alloc_size))
+    if not changes:
+        return None
+    total = peak = 0
+    for _, nbytes in sorted(changes):
+        total += nbytes
+        peak = max(peak, total)
+    return peak
 
 
 def cpu_peak_from_events(events: Iterable[Any]) -> int | None:

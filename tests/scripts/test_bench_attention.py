@@ -86,6 +86,27 @@ def test_cpu_peak_is_the_largest_total_alive_at_once() -> None:
     assert 2 * 2**20 <= peak < 2 * 2**20 + 2**16
 
 
+class _FreesBetweenChildren(torch.autograd.Function):
+    """A backward pass that allocates and frees 1 MB four times inside one op (as a blockwise kernel does)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            block = torch.empty(2**20, dtype=torch.uint8)
+            del block
+        return grad
+
+
+def test_cpu_peak_counts_frees_when_they_happen_not_when_the_op_ends() -> None:
+    x = torch.zeros(4, requires_grad=True)
+    peak = peak_bytes(lambda: _FreesBetweenChildren.apply(x).sum().backward(), torch.device("cpu"))
+    assert 2**20 <= peak < 2**20 + 2**16
+
+
 def test_a_peak_that_cannot_be_measured_says_so() -> None:
     """Nothing allocated, nothing recorded: the cell and the status say 'not measured', never a blank."""
     peak = peak_bytes(lambda: None, torch.device("cpu"))

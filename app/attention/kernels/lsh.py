@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -274,6 +274,7 @@ class LSHAttention(AttentionKernel):
         one chunk further where the site is not causal. Memory: items x (2 or 3) x chunk scores per round.
         ``recompute`` works per block of chunks inside the round (:meth:`_round_shared`).
         """
+        q, k, v = (x.contiguous() for x in (q, k, v))  # (B, H, T, Dh) rows to gather; once for all rounds
         return self._each_round(self._round_shared, q, k, v, qb, kb, causal=causal, per_round=False)
 
     def _each_round(
@@ -327,23 +328,18 @@ class LSHAttention(AttentionKernel):
         codes[..., length + 1] = -2
         codes = _small(codes).view(rows, length + 2, -1)  # (BH, T + 2, R)
         flat = [x.reshape(rows, length, dim) for x in (q, k, v)]  # (BH, T, Dh)
-        step = max(1, BLOCK_SCORES // (rows * m * m * (2 if causal else 3)))
-        recompute = self.recompute and torch.is_grad_enabled()
-        zs, outs = [], []
-        for first in range(0, chunks, step):
-            block = ring[first : min(first + step, chunks) + 2]  # (n + 2, BH, m)
-            if recompute:  # indices and buckets are integers: the recomputed block is the same block
-                z, out = checkpoint(
-                    self._block_shared, *flat, codes, block, r, causal=causal, use_reentrant=False
-                )
-            else:
-                z, out = self._block_shared(*flat, codes, block, r, causal=causal)
-            zs.append(z)
-            outs.append(out)
+        blocks = _blocks(ring, max(1, BLOCK_SCORES // (rows * m * m * (2 if causal else 3))))
+        if self.recompute and torch.is_grad_enabled():  # keep nothing of the blocks but their z
+            z, out = _LeanRound.apply(self, *flat, codes, blocks, r, causal)
+        else:
+            zs, outs = zip(
+                *(self._block_shared(*flat, codes, block, r, causal=causal) for block in blocks), strict=True
+            )
+            z, out = torch.cat(zs), torch.cat(outs)  # (C, BH, m), (C, BH, m, Dv)
         # Back to token order: sorted slot i holds token ring[1:-1] (padding slots go to token T, dropped).
         target = ring[1 : chunks + 1].permute(1, 0, 2).reshape(rows, chunks * m)  # (BH, C m)
-        z = torch.cat(zs).permute(1, 0, 2).reshape(rows, chunks * m)  # (BH, C m)
-        out = torch.cat(outs).permute(1, 0, 2, 3).reshape(rows, chunks * m, dim)  # (BH, C m, Dv)
+        z = z.permute(1, 0, 2).reshape(rows, chunks * m)  # (BH, C m)
+        out = out.permute(1, 0, 2, 3).reshape(rows, chunks * m, dim)  # (BH, C m, Dv)
         z_q = z.new_full((rows, length + 1), float("-inf")).scatter(1, target, z)
         out_q = out.new_zeros(rows, length + 1, dim).scatter(1, target[..., None].expand_as(out), out)
         return z_q[:, :length].view(batch, heads, length), out_q[:, :length].view(batch, heads, length, dim)
@@ -353,39 +349,39 @@ class LSHAttention(AttentionKernel):
     ) -> tuple[Tensor, Tensor]:
         """n sorted chunks of round ``r``. q, k, v (BH, T, Dh); ``codes`` (BH, T + 2, R) every round's bucket
         of every token and of the two padding tokens; ``block`` (n + 2, BH, m) the chunks' tokens with one
-        chunk before and after. Returns their (n, BH, m) log-sum-exps and (n, BH, m, Dv) contexts."""
-        m, length = self.chunk_size, q.size(1)
-        n = block.size(0) - 2
+        chunk before and after. Returns their (n, BH, m) log-sum-exps and (n, BH, m, Dv) contexts, through
+        autograd (:class:`_LeanRound` is the same computation keeping only the log-sum-exps).
+        """
+        (q_rows, k_ring, v_ring), _ = _gather_block(block, q, k, v)
+        hidden, any_kept = self._block_scores(q_rows, k_ring, codes, block, r, causal=causal)
+        weights = torch.softmax(hidden, dim=-1)
+        z = torch.where(any_kept, _LogSumExp.apply(hidden, weights), float("-inf"))
+        return z, _look_around(weights, v_ring) * any_kept[..., None]  # (n, BH, m), (n, BH, m, Dv)
+
+    def _block_scores(
+        self, q_rows: Tensor, k_ring: Tensor, codes: Tensor, block: Tensor, r: int, *, causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        """Scores (n, BH, m, W) of the sorted rows ``q_rows`` (n, BH, m, Dh) against their look-around keys
+        ``k_ring`` (n + 2, BH, m, Dh), less log N_ij, with the lowest finite value where hidden, and which
+        rows keep any key (n, BH, m). W = 2m causal, 3m otherwise."""
+        m, n = self.chunk_size, q_rows.size(0)
         sides = 2 if causal else 3
-        # Rows of the flattened (BH T, Dh) tensors; padding slots read token T - 1, masked by their bucket.
-        starts = torch.arange(q.size(0), device=q.device)[None, :, None]  # (1, BH, 1)
-        rows = (block.clamp(max=length - 1) + starts * length).flatten()  # ((n + 2) BH m,)
-        ring_shape = (n + 2, q.size(0), m, q.size(-1))
-        k_ring, v_ring = (x.flatten(0, 1).index_select(0, rows).view(ring_shape) for x in (k, v))
-        q_rows = q.flatten(0, 1).index_select(0, rows[block[0].numel() : -block[0].numel()])
-        q_rows = q_rows.view(n, *ring_shape[1:])  # (n, BH, m, Dh)
-        code_rows = (block + starts * (length + 2)).flatten()
-        ring_codes = (
-            codes.flatten(0, 1).index_select(0, code_rows).view(*block.shape, -1)
+        starts = torch.arange(block.size(1), device=block.device)[None, :, None] * codes.size(1)
+        ring_codes = codes.flatten(0, 1)[(block + starts).flatten()].view(
+            *block.shape, -1
         )  # (n + 2, BH, m, R)
-        scores = torch.cat([q_rows @ k_ring[s : s + n].transpose(-1, -2) for s in range(sides)], dim=-1)
         row_codes = ring_codes[1 : n + 1]  # (n, BH, m, R)
         col_codes = torch.cat([ring_codes[s : s + n] for s in range(sides)], dim=-2)  # (n, BH, W, R)
+        scores = torch.cat([q_rows @ k_ring[s : s + n].transpose(-1, -2) for s in range(sides)], dim=-1)
         keep, repeats = None, None  # scores, keep, repeats: (n, BH, m, W)
         for s in range(self.n_hashes):
             same = row_codes[..., :, None, s] == col_codes[..., None, :, s]
             if s == r:
-                keep = same & self._band(m, causal, q.device)
+                keep = same & self._band(m, causal, q_rows.device)
             repeats = same.to(torch.uint8) if repeats is None else repeats.add_(same)
         if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket (>= 1 where kept)
             scores.sub_(repeats.to(scores.dtype).clamp_(min=1).log_())
-        del repeats
-        hidden = scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)
-        any_kept = keep.any(dim=-1)  # (n, BH, m)
-        weights = torch.softmax(hidden, dim=-1)
-        z = torch.where(any_kept, _LogSumExp.apply(hidden, weights), float("-inf"))
-        out = sum(weights[..., s * m : (s + 1) * m] @ v_ring[s : s + n] for s in range(sides))
-        return z, out * any_kept[..., None]  # (n, BH, m), (n, BH, m, Dv)
+        return scores.masked_fill_(~keep, torch.finfo(scores.dtype).min), keep.any(dim=-1)
 
     def _band(self, m: int, causal: bool, device: torch.device) -> Tensor:
         """(m, W) which look-around columns row o of a chunk may see: sorted offsets -(m - 1) .. m (causal:
@@ -489,6 +485,115 @@ def _sort_and_chunk(qb: Tensor, kb: Tensor, m: int, *, causal: bool) -> tuple[Te
         batch, heads, chunks, width
     )
     return rows, ins, slab, slab_ok
+
+
+def _gather_block(block: Tensor, q: Tensor, *look_around: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+    """The block's sorted query rows and look-around rows of each tensor in ``look_around``.
+
+    ``block`` (n + 2, BH, m) holds token indices (padding slots: T or more, read as token T - 1 and masked
+    by their bucket); q and the others are (BH, T, D). Returns (q rows (n, BH, m, D), then one
+    (n + 2, BH, m, D) per tensor) and the flat row index ((n + 2) BH m,) they were read at.
+    """
+    rings, heads, m = block.shape
+    length = q.size(1)
+    rows = (
+        block.clamp(max=length - 1) + torch.arange(heads, device=q.device)[None, :, None] * length
+    ).flatten()
+    inner = rows[heads * m : -heads * m]  # the n chunks themselves
+    picked = [q.flatten(0, 1).index_select(0, inner).view(rings - 2, heads, m, -1)]
+    picked += [x.flatten(0, 1).index_select(0, rows).view(rings, heads, m, -1) for x in look_around]
+    return tuple(picked), rows
+
+
+def _look_around(weights: Tensor, ring: Tensor) -> Tensor:
+    """``weights`` (n, BH, m, W) times each row's look-around rows of ``ring`` (n + 2, BH, m, D), giving
+    (n, BH, m, D): column block s of chunk c's weights belongs to chunk c + s - 1, a slice of the ring."""
+    m, n = ring.size(2), weights.size(0)
+    return sum(weights[..., s * m : (s + 1) * m] @ ring[s : s + n] for s in range(weights.size(-1) // m))
+
+
+def _exp_weights(hidden: Tensor, z: Tensor) -> Tensor:
+    """exp(hidden - z): the softmax weights (..., W) from their log-sum-exps z (...); 0 at hidden entries
+    and in the rows that keep nothing (z = -inf there, taken as +inf)."""
+    return torch.exp(hidden - z.masked_fill(torch.isneginf(z), float("inf"))[..., None])
+
+
+def _blocks(ring: Tensor, step: int) -> list[Tensor]:
+    """``ring`` (C + 2, BH, m) cut into blocks of ``step`` chunks, each with its chunk before and after."""
+    chunks = ring.size(0) - 2
+    return [ring[first : min(first + step, chunks) + 2] for first in range(0, chunks, step)]
+
+
+class _LeanRound(torch.autograd.Function):
+    """One round of shared-QK LSH attention, block by block, keeping only its log-sum-exps for backward.
+
+    The backward pass gathers each block's rows again and recomputes its scores and weights P = exp(S - z)
+    from the saved z; then dS = P * (dP - rowsum(P * dP) + dz) with dP = dO V^T, as in FlashAttention's
+    backward (Dao et al. 2022), and the rows' gradients are added to their tokens' (one buffer per input).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        kernel: LSHAttention,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        codes: Tensor,
+        blocks: list[Tensor],
+        r: int,
+        causal: bool,
+    ) -> tuple[Tensor, Tensor]:
+        zs, outs = [], []
+        for block in blocks:
+            (q_rows, k_ring, v_ring), _ = _gather_block(block, q, k, v)
+            hidden, any_kept = kernel._block_scores(q_rows, k_ring, codes, block, r, causal=causal)
+            z = torch.logsumexp(hidden, dim=-1).masked_fill_(~any_kept, float("-inf"))  # (n, BH, m)
+            zs.append(z)
+            outs.append(_look_around(_exp_weights(hidden, z), v_ring))
+        z = torch.cat(zs)  # (C, BH, m)
+        ctx.save_for_backward(q, k, v, codes, z)
+        ctx.kernel, ctx.blocks, ctx.round, ctx.causal = kernel, blocks, r, causal
+        return z, torch.cat(outs)
+
+    @staticmethod
+    def backward(ctx: Any, dz: Tensor, dout: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, codes, z = ctx.saved_tensors
+        grads = [torch.zeros_like(x).flatten(0, 1) for x in (q, k, v)]  # (BH T, D) each
+        first = 0
+        for block in ctx.blocks:
+            n = block.size(0) - 2
+            rows = slice(first, first + n)
+            first += n
+            (q_rows, k_ring, v_ring), index = _gather_block(block, q, k, v)
+            hidden, _ = ctx.kernel._block_scores(q_rows, k_ring, codes, block, ctx.round, causal=ctx.causal)
+            weights = _exp_weights(hidden, z[rows])  # (n, BH, m, W)
+            d_weights = torch.cat(
+                [
+                    dout[rows] @ v_ring[s : s + n].transpose(-1, -2)
+                    for s in range(weights.size(-1) // block.size(2))
+                ],
+                dim=-1,
+            )
+            d_scores = weights * (
+                d_weights - (weights * d_weights).sum(-1, keepdim=True) + dz[rows, ..., None]
+            )
+            del d_weights
+            inner = index[block[0].numel() : -block[0].numel()]
+            grads[0].index_add_(0, inner, _look_around(d_scores, k_ring).flatten(0, 2))
+            grads[1].index_add_(0, index, _look_back(d_scores, q_rows).flatten(0, 2))
+            grads[2].index_add_(0, index, _look_back(weights, dout[rows]).flatten(0, 2))
+        return None, *(g.view_as(x) for g, x in zip(grads, (q, k, v), strict=True)), None, None, None, None
+
+
+def _look_back(weights: Tensor, rows: Tensor) -> Tensor:
+    """The transpose of :func:`_look_around`: what ``rows`` (n, BH, m, D), weighted by ``weights``
+    (n, BH, m, W), add to each look-around row of the ring: (n + 2, BH, m, D)."""
+    n, heads, m, dim = rows.shape
+    ring = rows.new_zeros(n + 2, heads, m, dim)
+    for s in range(weights.size(-1) // m):
+        ring[s : s + n] += weights[..., s * m : (s + 1) * m].transpose(-1, -2) @ rows
+    return ring
 
 
 def _small(buckets: Tensor) -> Tensor:
