@@ -329,7 +329,7 @@ class LSHAttention(AttentionKernel):
         codes = _small(codes).view(rows, length + 2, -1)  # (BH, T + 2, R)
         flat = [x.reshape(rows, length, dim) for x in (q, k, v)]  # (BH, T, Dh)
         blocks = _blocks(ring, max(1, BLOCK_SCORES // (rows * m * m * (2 if causal else 3))))
-        if self.recompute and torch.is_grad_enabled():  # keep nothing of the blocks but their z
+        if self.recompute and torch.is_grad_enabled():  # keep nothing of the blocks for backward
             z, out = _LeanRound.apply(self, *flat, codes, blocks, r, causal)
         else:
             zs, outs = zip(
@@ -512,10 +512,9 @@ def _look_around(weights: Tensor, ring: Tensor) -> Tensor:
     return sum(weights[..., s * m : (s + 1) * m] @ ring[s : s + n] for s in range(weights.size(-1) // m))
 
 
-def _exp_weights(hidden: Tensor, z: Tensor) -> Tensor:
-    """exp(hidden - z): the softmax weights (..., W) from their log-sum-exps z (...); 0 at hidden entries
-    and in the rows that keep nothing (z = -inf there, taken as +inf)."""
-    return torch.exp(hidden - z.masked_fill(torch.isneginf(z), float("inf"))[..., None])
+def _kept_softmax(hidden: Tensor, any_kept: Tensor) -> Tensor:
+    """Softmax weights (..., W) of the masked scores ``hidden``; 0 in the rows that keep nothing."""
+    return torch.softmax(hidden, dim=-1).mul_(any_kept[..., None])
 
 
 def _blocks(ring: Tensor, step: int) -> list[Tensor]:
@@ -525,11 +524,11 @@ def _blocks(ring: Tensor, step: int) -> list[Tensor]:
 
 
 class _LeanRound(torch.autograd.Function):
-    """One round of shared-QK LSH attention, block by block, keeping only its log-sum-exps for backward.
+    """One round of shared-QK LSH attention, block by block, keeping nothing of its blocks for backward.
 
-    The backward pass gathers each block's rows again and recomputes its scores and weights P = exp(S - z)
-    from the saved z; then dS = P * (dP - rowsum(P * dP) + dz) with dP = dO V^T, as in FlashAttention's
-    backward (Dao et al. 2022), and the rows' gradients are added to their tokens' (one buffer per input).
+    The backward pass gathers each block's rows again and recomputes its scores and weights P; then
+    dS = P * (dP - rowsum(P * dP) + dz) with dP = dO V^T, as in FlashAttention's backward (Dao et al.
+    2022), and the rows' gradients are added to their tokens' (one buffer per input).
     """
 
     @staticmethod
@@ -548,17 +547,17 @@ class _LeanRound(torch.autograd.Function):
         for block in blocks:
             (q_rows, k_ring, v_ring), _ = _gather_block(block, q, k, v)
             hidden, any_kept = kernel._block_scores(q_rows, k_ring, codes, block, r, causal=causal)
-            z = torch.logsumexp(hidden, dim=-1).masked_fill_(~any_kept, float("-inf"))  # (n, BH, m)
-            zs.append(z)
-            outs.append(_look_around(_exp_weights(hidden, z), v_ring))
+            weights = _kept_softmax(hidden, any_kept)
+            zs.append(torch.where(any_kept, _lse_from_softmax(hidden, weights), float("-inf")))
+            outs.append(_look_around(weights, v_ring))
         z = torch.cat(zs)  # (C, BH, m)
-        ctx.save_for_backward(q, k, v, codes, z)
+        ctx.save_for_backward(q, k, v, codes)
         ctx.kernel, ctx.blocks, ctx.round, ctx.causal = kernel, blocks, r, causal
         return z, torch.cat(outs)
 
     @staticmethod
     def backward(ctx: Any, dz: Tensor, dout: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, codes, z = ctx.saved_tensors
+        q, k, v, codes = ctx.saved_tensors
         grads = [torch.zeros_like(x).flatten(0, 1) for x in (q, k, v)]  # (BH T, D) each
         first = 0
         for block in ctx.blocks:
@@ -566,8 +565,10 @@ class _LeanRound(torch.autograd.Function):
             rows = slice(first, first + n)
             first += n
             (q_rows, k_ring, v_ring), index = _gather_block(block, q, k, v)
-            hidden, _ = ctx.kernel._block_scores(q_rows, k_ring, codes, block, ctx.round, causal=ctx.causal)
-            weights = _exp_weights(hidden, z[rows])  # (n, BH, m, W)
+            hidden, any_kept = ctx.kernel._block_scores(
+                q_rows, k_ring, codes, block, ctx.round, causal=ctx.causal
+            )
+            weights = _kept_softmax(hidden, any_kept)  # (n, BH, m, W), as the forward pass computed them
             d_weights = torch.cat(
                 [
                     dout[rows] @ v_ring[s : s + n].transpose(-1, -2)
@@ -624,15 +625,20 @@ def _masked_softmax_lse(scores: Tensor, keep: Tensor, v: Tensor) -> tuple[Tensor
     return z, (weights @ v) * any_kept[..., None]
 
 
+def _lse_from_softmax(scores: Tensor, weights: Tensor) -> Tensor:
+    """log-sum-exp (...) of ``scores`` (..., n) from their softmax ``weights``: s_j - log w_j at the top j."""
+    top, where = weights.max(dim=-1, keepdim=True)
+    return (scores.gather(-1, where) - top.log()).squeeze(-1)
+
+
 class _LogSumExp(torch.autograd.Function):
     """log-sum-exp of ``scores`` (..., n) given their softmax ``weights``: z = s_j - log w_j at the top
     entry j, and dz/ds = w. The backward pass keeps only the weights (the softmax keeps them anyway)."""
 
     @staticmethod
     def forward(ctx, scores: Tensor, weights: Tensor) -> Tensor:
-        top, where = weights.max(dim=-1, keepdim=True)
         ctx.save_for_backward(weights)
-        return (scores.gather(-1, where) - top.log()).squeeze(-1)
+        return _lse_from_softmax(scores, weights)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
