@@ -14,7 +14,7 @@ from app.attention import AttentionConfigError, KVCache, MultiHeadAttention, bui
 from app.attention.base import repeat_kv
 from app.attention.config import AttentionSpec
 from app.attention.factory import build_attention
-from app.attention.kernels import lsh as lsh_module
+from app.attention.kernels import lsh_shared
 from app.attention.kernels.lsh import LSHAttention
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -289,7 +289,7 @@ def test_the_shared_qk_chunked_form_equals_the_direct_one(
     settings: dict, causal: bool, block: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if block == "chunk_blocks":  # every sorted chunk a block of its own
-        monkeypatch.setattr(lsh_module, "BLOCK_SCORES", 1)
+        monkeypatch.setattr(lsh_shared, "BLOCK_SCORES", 1)
     kernel = build_kernel("lsh", **settings, shared_qk=True)
     leaves = [t.requires_grad_() for t in shared_inputs(seed=3)[:2]]
     key_mask = shared_inputs(seed=3)[2]
@@ -335,7 +335,7 @@ def test_a_shared_qk_layer_has_no_key_projection_and_decodes_as_the_full_pass(kv
 
 
 def test_shared_qk_padding_never_leaks_and_recompute_matches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lsh_module, "BLOCK_SCORES", 3 * 4 * 4 * 4 * 3 * 3)  # 3 sorted chunks per block
+    monkeypatch.setattr(lsh_shared, "BLOCK_SCORES", 3 * 4 * 4 * 4 * 3 * 3)  # 3 sorted chunks per block
     q, v, key_mask = shared_inputs(length=40)
     settings = {"n_buckets": 4, "n_hashes": 3, "chunk_size": 4, "shared_qk": True}
     kernel = build_kernel("lsh", **settings)

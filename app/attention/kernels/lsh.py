@@ -33,8 +33,9 @@ attention (with ``exclude_self=false``; with the self rule, softmax attention wi
 
 Costs per round: about ``chunk_size`` x (2 causal, 3 otherwise) scores per sorted item, i.e. O(T x chunk)
 instead of O(T^2); short inputs and decoding steps take the direct form (:meth:`LSHAttention._rounds_dense`,
-one (Tq, Tk) mask per round), which defines the same result. ``recompute`` keeps one round's scores at a
-time in training (activation checkpointing per round). Cross-attention is refused: a target query
+one (Tq, Tk) mask per round), which defines the same result. ``recompute`` keeps no scores for the
+backward pass (activation checkpointing per round; in the shared-QK form a FlashAttention-style backward
+per block of chunks). Cross-attention is refused: a target query
 has no position among the source keys (no "own key" to fall back to) and a query whose buckets hold no
 source key would attend nothing. No attention matrix is formed, so no weights and no weight dropout.
 """
@@ -43,18 +44,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
+from app.attention.kernels.lsh_shared import SharedRounds
+from app.attention.kernels.lsh_softmax import bucket_codes, masked_softmax_lse, safe_softmax
 from app.attention.registry import AttentionConfigError, register_kernel
-
-# The shared-QK form scores its sorted chunks in blocks of about this many scores (2 MiB in float32), so
-# that a round's temporaries stay bounded at any length (and, with recompute, what its backward holds).
-BLOCK_SCORES = 2**19
 
 CROSS_REASON = (
     "LSH buckets relate positions of one sequence: a target query has no own key among the source keys to "
@@ -100,9 +99,10 @@ class LSHAttention(AttentionKernel):
             raise AttentionConfigError(f"lsh attention seed={seed!r} must be an integer")
         self.n_buckets, self.n_hashes, self.chunk_size = n_buckets, n_hashes, chunk_size
         self.seed, self.exclude_self = seed, bool(exclude_self)
-        # recompute: keep no per-round scores for the backward pass, recompute each round there instead
-        # (activation checkpointing per round): training memory then holds one round's chunk scores at a
-        # time plus (Tq x Dh) per round, for about 1/3 more compute.
+        # recompute: keep no scores for the backward pass, recompute them there instead: per round by
+        # activation checkpointing in the separate form, per block of chunks by a lean backward
+        # (:class:`_LeanRound`) in the shared-QK form. Training memory then holds one block's (or round's)
+        # scores at a time plus (Tq x Dh) per round.
         self.recompute = bool(recompute)
         # shared_qk: the paper's form, keys are the unit-length queries (the layer has no key projection).
         # A token is then one sorted item, query and key at once, and a round costs about a third of the
@@ -217,7 +217,7 @@ class LSHAttention(AttentionKernel):
             alone = ~torch.isfinite(z).any(dim=0) & exists[:, None, :]  # (B, H, Tq): nothing else visible
             z_own = torch.where(alone, (q * k_own).sum(-1), float("-inf"))  # (B, H, Tq)
             z, out = torch.cat([z, z_own[None]]), [*out, v_own]
-        weights = _safe_softmax(z, dim=0)  # (R [+1], B, H, Tq)
+        weights = safe_softmax(z, dim=0)  # (R [+1], B, H, Tq)
         # One round at a time: no (R, B, H, Tq, Dv) product or copy of the rounds' contexts.
         return sum(w[..., None] * o for w, o in zip(weights, out, strict=True))
 
@@ -246,7 +246,7 @@ class LSHAttention(AttentionKernel):
                 keep = keep | (later & (later.cumsum(-1) <= m))  # and the m nearest after it
             if self.exclude_self:
                 keep = keep & (kpos != qpos)
-            z, out = _masked_softmax_lse(scores, keep, v)
+            z, out = masked_softmax_lse(scores, keep, v)
             zs.append(z)
             outs.append(out)
         return torch.stack(zs), torch.stack(outs)
@@ -272,28 +272,20 @@ class LSHAttention(AttentionKernel):
         ``chunk_size - 1`` before it to ``chunk_size`` after it (causal: up to itself) that share its bucket,
         so chunk c of the sorted items attends chunks c-1, c and (not causal) c+1: the paper's look-back,
         one chunk further where the site is not causal. Memory: items x (2 or 3) x chunk scores per round.
-        ``recompute`` works per block of chunks inside the round (:meth:`_round_shared`).
+        ``recompute`` works per block of chunks inside the round (:mod:`~app.attention.kernels.lsh_shared`).
         """
         q, k, v = (x.contiguous() for x in (q, k, v))  # (B, H, T, Dh) rows to gather; once for all rounds
-        return self._each_round(self._round_shared, q, k, v, qb, kb, causal=causal, per_round=False)
+        shared = SharedRounds(self.chunk_size, self.n_hashes, self.exclude_self, lean=self.recompute)
+        rounds = [shared.round(q, k, v, kb, r, causal=causal) for r in range(self.n_hashes)]
+        return torch.stack([z for z, _ in rounds]), [out for _, out in rounds]
 
     def _each_round(
-        self,
-        one_round,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        qb: Tensor,
-        kb: Tensor,
-        *,
-        causal: bool,
-        per_round=True,
-    ):
+        self, one_round, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, *, causal: bool
+    ) -> tuple[Tensor, list[Tensor]]:
         """``one_round`` over the rounds: (R, B, H, Tq) log-sum-exps and R (B, H, Tq, Dv) contexts (a list:
-        stacking would copy them); with ``recompute`` and ``per_round``, each round is recomputed in the
-        backward pass."""
+        stacking would copy them); with ``recompute``, each round is recomputed in the backward pass."""
         zs, outs = [], []
-        recompute = self.recompute and per_round and torch.is_grad_enabled()
+        recompute = self.recompute and torch.is_grad_enabled()
         for r in range(self.n_hashes):
             if recompute:  # buckets are integers: the recomputed round sorts and masks exactly alike
                 z, out = checkpoint(one_round, q, k, v, qb, kb, r, causal=causal, use_reentrant=False)
@@ -302,98 +294,6 @@ class LSHAttention(AttentionKernel):
             zs.append(z)
             outs.append(out)
         return torch.stack(zs), outs
-
-    def _round_shared(
-        self, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, r: int, *, causal: bool
-    ) -> tuple[Tensor, Tensor]:
-        """Round ``r`` of :meth:`_rounds_shared`: (B, H, T) log-sum-exp and (B, H, T, Dv) context.
-
-        Chunk-major layout: the sorted chunks are the outer dimension, so a chunk's look-around (the
-        chunks before and after it) is a contiguous slice and every product runs without copies. The
-        chunks are taken a block at a time (:data:`BLOCK_SCORES` scores), so the round's temporaries stay
-        bounded; with ``recompute`` each block is recomputed in the backward pass.
-        """
-        batch, heads, length, dim = q.shape
-        rows, m = batch * heads, self.chunk_size
-        chunks = math.ceil(length / m)
-        order = (kb[r] * (length + 1) + torch.arange(length, device=q.device)).argsort(dim=-1)  # (B, H, T)
-        # The sorted tokens in chunks, with one chunk before and after them (the look-around of the first
-        # and last chunks): padding slots hold token T (bucket -1) in the last chunk and T + 1 (bucket -2)
-        # around them, buckets that no real token has.
-        fill = order.new_full((rows, m), length + 1)
-        tail = order.new_full((rows, chunks * m - length), length)
-        ring = torch.cat([fill, order.view(rows, length), tail, fill], dim=-1)  # (BH, (C + 2) m)
-        ring = ring.view(rows, chunks + 2, m).transpose(0, 1).contiguous()  # (C + 2, BH, m)
-        codes = torch.cat([kb, kb.new_full((*kb.shape[:3], 2), -1)], dim=-1)  # (R, B, H, T + 2)
-        codes[..., length + 1] = -2
-        codes = _small(codes).view(rows, length + 2, -1)  # (BH, T + 2, R)
-        flat = [x.reshape(rows, length, dim) for x in (q, k, v)]  # (BH, T, Dh)
-        blocks = _blocks(ring, max(1, BLOCK_SCORES // (rows * m * m * (2 if causal else 3))))
-        if self.recompute and torch.is_grad_enabled():  # keep nothing of the blocks for backward
-            z, out = _LeanRound.apply(self, *flat, codes, blocks, r, causal)
-        else:
-            zs, outs = zip(
-                *(self._block_shared(*flat, codes, block, r, causal=causal) for block in blocks), strict=True
-            )
-            z, out = torch.cat(zs), torch.cat(outs)  # (C, BH, m), (C, BH, m, Dv)
-        # Back to token order: sorted slot i holds token ring[1:-1] (padding slots go to token T, dropped).
-        target = ring[1 : chunks + 1].permute(1, 0, 2).reshape(rows, chunks * m)  # (BH, C m)
-        z = z.permute(1, 0, 2).reshape(rows, chunks * m)  # (BH, C m)
-        out = out.permute(1, 0, 2, 3).reshape(rows, chunks * m, dim)  # (BH, C m, Dv)
-        z_q = z.new_full((rows, length + 1), float("-inf")).scatter(1, target, z)
-        out_q = out.new_zeros(rows, length + 1, dim).scatter(1, target[..., None].expand_as(out), out)
-        return z_q[:, :length].view(batch, heads, length), out_q[:, :length].view(batch, heads, length, dim)
-
-    def _block_shared(
-        self, q: Tensor, k: Tensor, v: Tensor, codes: Tensor, block: Tensor, r: int, *, causal: bool
-    ) -> tuple[Tensor, Tensor]:
-        """n sorted chunks of round ``r``. q, k, v (BH, T, Dh); ``codes`` (BH, T + 2, R) every round's bucket
-        of every token and of the two padding tokens; ``block`` (n + 2, BH, m) the chunks' tokens with one
-        chunk before and after. Returns their (n, BH, m) log-sum-exps and (n, BH, m, Dv) contexts, through
-        autograd (:class:`_LeanRound` is the same computation keeping only the log-sum-exps).
-        """
-        (q_rows, k_ring, v_ring), _ = _gather_block(block, q, k, v)
-        hidden, any_kept = self._block_scores(q_rows, k_ring, codes, block, r, causal=causal)
-        weights = torch.softmax(hidden, dim=-1)
-        z = torch.where(any_kept, _LogSumExp.apply(hidden, weights), float("-inf"))
-        return z, _look_around(weights, v_ring) * any_kept[..., None]  # (n, BH, m), (n, BH, m, Dv)
-
-    def _block_scores(
-        self, q_rows: Tensor, k_ring: Tensor, codes: Tensor, block: Tensor, r: int, *, causal: bool
-    ) -> tuple[Tensor, Tensor]:
-        """Scores (n, BH, m, W) of the sorted rows ``q_rows`` (n, BH, m, Dh) against their look-around keys
-        ``k_ring`` (n + 2, BH, m, Dh), less log N_ij, with the lowest finite value where hidden, and which
-        rows keep any key (n, BH, m). W = 2m causal, 3m otherwise."""
-        m, n = self.chunk_size, q_rows.size(0)
-        sides = 2 if causal else 3
-        starts = torch.arange(block.size(1), device=block.device)[None, :, None] * codes.size(1)
-        ring_codes = codes.flatten(0, 1)[(block + starts).flatten()].view(
-            *block.shape, -1
-        )  # (n + 2, BH, m, R)
-        row_codes = ring_codes[1 : n + 1]  # (n, BH, m, R)
-        col_codes = torch.cat([ring_codes[s : s + n] for s in range(sides)], dim=-2)  # (n, BH, W, R)
-        scores = torch.cat([q_rows @ k_ring[s : s + n].transpose(-1, -2) for s in range(sides)], dim=-1)
-        keep, repeats = None, None  # scores, keep, repeats: (n, BH, m, W)
-        for s in range(self.n_hashes):
-            same = row_codes[..., :, None, s] == col_codes[..., None, :, s]
-            if s == r:
-                keep = same & self._band(m, causal, q_rows.device)
-            repeats = same.to(torch.uint8) if repeats is None else repeats.add_(same)
-        if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket (>= 1 where kept)
-            scores.sub_(repeats.to(scores.dtype).clamp_(min=1).log_())
-        return scores.masked_fill_(~keep, torch.finfo(scores.dtype).min), keep.any(dim=-1)
-
-    def _band(self, m: int, causal: bool, device: torch.device) -> Tensor:
-        """(m, W) which look-around columns row o of a chunk may see: sorted offsets -(m - 1) .. m (causal:
-        .. 0) from the row, without the row itself when ``exclude_self``. Column w is the item w - m after
-        the chunk's first."""
-        offset = (
-            torch.arange((2 if causal else 3) * m, device=device)[None, :]
-            - m
-            - torch.arange(m, device=device)[:, None]
-        )
-        band = (offset > -m) & (offset <= (0 if causal else m))
-        return band & (offset != 0) if self.exclude_self else band
 
     def _round_chunked(
         self, q: Tensor, k: Tensor, v: Tensor, qb: Tensor, kb: Tensor, r: int, *, causal: bool
@@ -410,10 +310,10 @@ class LSHAttention(AttentionKernel):
         k_slab, v_slab = _take(k, slab), _take(v, slab)  # (B, H, C, W, Dh)
         scores = torch.einsum("bhcmd,bhcwd->bhcmw", q_rows, k_slab)  # (B, H, C, m, W)
         if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket
-            all_q, all_k = _take(_small(qb), q_idx), _take(_small(kb), slab)  # (B, H, C, m|W, R)
+            all_q, all_k = _take(bucket_codes(qb), q_idx), _take(bucket_codes(kb), slab)  # (B, H, C, m|W, R)
             repeats = (all_q[..., :, None, :] == all_k[..., None, :, :]).sum(-1, dtype=torch.uint8)
             scores = scores - repeats.to(scores.dtype).clamp_(min=1).log_()
-        z, out = _masked_softmax_lse(scores, keep, v_slab)  # (B, H, C, m), (B, H, C, m, Dv)
+        z, out = masked_softmax_lse(scores, keep, v_slab)  # (B, H, C, m), (B, H, C, m, Dv)
         # Back to query order: each query is one row; key and padding rows go to a slot that is dropped.
         target = torch.where(is_query, q_idx, tq).flatten(2)  # (B, H, C * m)
         z_q = z.new_full((batch, heads, tq + 1), float("-inf")).scatter(2, target, z.flatten(2))
@@ -487,121 +387,6 @@ def _sort_and_chunk(qb: Tensor, kb: Tensor, m: int, *, causal: bool) -> tuple[Te
     return rows, ins, slab, slab_ok
 
 
-def _gather_block(block: Tensor, q: Tensor, *look_around: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
-    """The block's sorted query rows and look-around rows of each tensor in ``look_around``.
-
-    ``block`` (n + 2, BH, m) holds token indices (padding slots: T or more, read as token T - 1 and masked
-    by their bucket); q and the others are (BH, T, D). Returns (q rows (n, BH, m, D), then one
-    (n + 2, BH, m, D) per tensor) and the flat row index ((n + 2) BH m,) they were read at.
-    """
-    rings, heads, m = block.shape
-    length = q.size(1)
-    rows = (
-        block.clamp(max=length - 1) + torch.arange(heads, device=q.device)[None, :, None] * length
-    ).flatten()
-    inner = rows[heads * m : -heads * m]  # the n chunks themselves
-    picked = [q.flatten(0, 1).index_select(0, inner).view(rings - 2, heads, m, -1)]
-    picked += [x.flatten(0, 1).index_select(0, rows).view(rings, heads, m, -1) for x in look_around]
-    return tuple(picked), rows
-
-
-def _look_around(weights: Tensor, ring: Tensor) -> Tensor:
-    """``weights`` (n, BH, m, W) times each row's look-around rows of ``ring`` (n + 2, BH, m, D), giving
-    (n, BH, m, D): column block s of chunk c's weights belongs to chunk c + s - 1, a slice of the ring."""
-    m, n = ring.size(2), weights.size(0)
-    return sum(weights[..., s * m : (s + 1) * m] @ ring[s : s + n] for s in range(weights.size(-1) // m))
-
-
-def _kept_softmax(hidden: Tensor, any_kept: Tensor) -> Tensor:
-    """Softmax weights (..., W) of the masked scores ``hidden``; 0 in the rows that keep nothing."""
-    return torch.softmax(hidden, dim=-1).mul_(any_kept[..., None])
-
-
-def _blocks(ring: Tensor, step: int) -> list[Tensor]:
-    """``ring`` (C + 2, BH, m) cut into blocks of ``step`` chunks, each with its chunk before and after."""
-    chunks = ring.size(0) - 2
-    return [ring[first : min(first + step, chunks) + 2] for first in range(0, chunks, step)]
-
-
-class _LeanRound(torch.autograd.Function):
-    """One round of shared-QK LSH attention, block by block, keeping nothing of its blocks for backward.
-
-    The backward pass gathers each block's rows again and recomputes its scores and weights P; then
-    dS = P * (dP - rowsum(P * dP) + dz) with dP = dO V^T, as in FlashAttention's backward (Dao et al.
-    2022), and the rows' gradients are added to their tokens' (one buffer per input).
-    """
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        kernel: LSHAttention,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        codes: Tensor,
-        blocks: list[Tensor],
-        r: int,
-        causal: bool,
-    ) -> tuple[Tensor, Tensor]:
-        zs, outs = [], []
-        for block in blocks:
-            (q_rows, k_ring, v_ring), _ = _gather_block(block, q, k, v)
-            hidden, any_kept = kernel._block_scores(q_rows, k_ring, codes, block, r, causal=causal)
-            weights = _kept_softmax(hidden, any_kept)
-            zs.append(torch.where(any_kept, _lse_from_softmax(hidden, weights), float("-inf")))
-            outs.append(_look_around(weights, v_ring))
-        z = torch.cat(zs)  # (C, BH, m)
-        ctx.save_for_backward(q, k, v, codes)
-        ctx.kernel, ctx.blocks, ctx.round, ctx.causal = kernel, blocks, r, causal
-        return z, torch.cat(outs)
-
-    @staticmethod
-    def backward(ctx: Any, dz: Tensor, dout: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, codes = ctx.saved_tensors
-        grads = [torch.zeros_like(x).flatten(0, 1) for x in (q, k, v)]  # (BH T, D) each
-        first = 0
-        for block in ctx.blocks:
-            n = block.size(0) - 2
-            rows = slice(first, first + n)
-            first += n
-            (q_rows, k_ring, v_ring), index = _gather_block(block, q, k, v)
-            hidden, any_kept = ctx.kernel._block_scores(
-                q_rows, k_ring, codes, block, ctx.round, causal=ctx.causal
-            )
-            weights = _kept_softmax(hidden, any_kept)  # (n, BH, m, W), as the forward pass computed them
-            d_weights = torch.cat(
-                [
-                    dout[rows] @ v_ring[s : s + n].transpose(-1, -2)
-                    for s in range(weights.size(-1) // block.size(2))
-                ],
-                dim=-1,
-            )
-            d_scores = weights * (
-                d_weights - (weights * d_weights).sum(-1, keepdim=True) + dz[rows, ..., None]
-            )
-            del d_weights
-            inner = index[block[0].numel() : -block[0].numel()]
-            grads[0].index_add_(0, inner, _look_around(d_scores, k_ring).flatten(0, 2))
-            grads[1].index_add_(0, index, _look_back(d_scores, q_rows).flatten(0, 2))
-            grads[2].index_add_(0, index, _look_back(weights, dout[rows]).flatten(0, 2))
-        return None, *(g.view_as(x) for g, x in zip(grads, (q, k, v), strict=True)), None, None, None, None
-
-
-def _look_back(weights: Tensor, rows: Tensor) -> Tensor:
-    """The transpose of :func:`_look_around`: what ``rows`` (n, BH, m, D), weighted by ``weights``
-    (n, BH, m, W), add to each look-around row of the ring: (n + 2, BH, m, D)."""
-    n, heads, m, dim = rows.shape
-    ring = rows.new_zeros(n + 2, heads, m, dim)
-    for s in range(weights.size(-1) // m):
-        ring[s : s + n] += weights[..., s * m : (s + 1) * m].transpose(-1, -2) @ rows
-    return ring
-
-
-def _small(buckets: Tensor) -> Tensor:
-    """(R, B, H, T) buckets as (B, H, T, R) int16 (padding's bucket n_buckets included): less to compare."""
-    return buckets.permute(1, 2, 3, 0).to(torch.int16)
-
-
 def _take(x: Tensor, index: Tensor) -> Tensor:
     """``x`` (B, H, T[, D]) at positions ``index`` (B, H, C, n): (B, H, C, n[, D])."""
     flat = index.flatten(2)  # (B, H, C * n)
@@ -609,47 +394,3 @@ def _take(x: Tensor, index: Tensor) -> Tensor:
         return x.gather(2, flat).view(index.shape)
     picked = x.gather(2, flat[..., None].expand(-1, -1, -1, x.size(-1)))
     return picked.view(*index.shape, x.size(-1))
-
-
-def _masked_softmax_lse(scores: Tensor, keep: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """Softmax of ``scores`` (..., n) over the ``keep`` entries: its log-sum-exp (...) and ``weights @ v``.
-
-    A row with nothing kept gives log-sum-exp -inf and context 0, with finite (zero) gradients.
-    """
-    # Hidden entries get the lowest finite score (exp gives exactly 0 beside any kept one); a row with
-    # nothing kept is then uniform over garbage, so its context is zeroed and its log-sum-exp set to -inf.
-    hidden = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
-    any_kept = keep.any(dim=-1)  # (...)
-    weights = torch.softmax(hidden, dim=-1)
-    z = torch.where(any_kept, _LogSumExp.apply(hidden, weights), float("-inf"))
-    return z, (weights @ v) * any_kept[..., None]
-
-
-def _lse_from_softmax(scores: Tensor, weights: Tensor) -> Tensor:
-    """log-sum-exp (...) of ``scores`` (..., n) from their softmax ``weights``: s_j - log w_j at the top j."""
-    top, where = weights.max(dim=-1, keepdim=True)
-    return (scores.gather(-1, where) - top.log()).squeeze(-1)
-
-
-class _LogSumExp(torch.autograd.Function):
-    """log-sum-exp of ``scores`` (..., n) given their softmax ``weights``: z = s_j - log w_j at the top
-    entry j, and dz/ds = w. The backward pass keeps only the weights (the softmax keeps them anyway)."""
-
-    @staticmethod
-    def forward(ctx, scores: Tensor, weights: Tensor) -> Tensor:
-        ctx.save_for_backward(weights)
-        return _lse_from_softmax(scores, weights)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        (weights,) = ctx.saved_tensors
-        return grad[..., None] * weights, None
-
-
-def _safe_softmax(z: Tensor, *, dim: int) -> Tensor:
-    """softmax(z) along ``dim`` where some entry is finite, 0 where all are -inf (finite gradients)."""
-    top = z.amax(dim=dim, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
-    exp = torch.exp(z - top)
-    total = exp.sum(dim, keepdim=True)
-    return exp / total.clamp(min=torch.finfo(total.dtype).tiny)
