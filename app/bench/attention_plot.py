@@ -4,6 +4,7 @@ drawn from its CSV rows. Matplotlib runs with the file-only Agg backend."""
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from app.bench.memory import PEAK_UNMEASURED
+from app.reports.figures import PNG_METADATA, compact_png
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -48,9 +50,11 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, metadata=PNG_METADATA)
     plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(compact_png(buffer.getvalue()))
 
 
 def series(rows: list[dict[str, Any]], key: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
