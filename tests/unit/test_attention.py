@@ -294,9 +294,10 @@ def test_gqa_cache_stores_only_kv_heads(name: str) -> None:
     memory, mask = torch.randn(3, 6, 32), torch.tensor([[True] * 6, [True] * 2 + [False] * 4, [True] * 6])
     cross = KVCache(static=True)
     first, _ = layer(x[:, :1], memory=memory, key_mask=mask, cache=cross)
-    # Kernels that reduce keys along the sequence (linformer) cache the reduced rows, once per sentence.
-    rows = layer.kernel.k if caps.reduces_keys else 6
-    assert cross.k.shape == (3, 2, rows, 8)
+    # Kernels that reduce keys along the sequence cache the reduced form, once per sentence: linformer's
+    # k projected rows, linear attention's sums over the source (feature width m = 8 rows for elu).
+    rows = {"linformer": getattr(layer.kernel, "k", None), "linear": 8}.get(name, 6)
+    assert cross.k.shape == (3, 2, rows, 8) and caps.reduces_keys == (rows != 6)
     # A static cache is reused: the memory passed on later steps is ignored.
     again, _ = layer(x[:, :1], memory=torch.zeros_like(memory), key_mask=mask, cache=cross)
     assert torch.equal(first, again)

@@ -73,15 +73,19 @@ def test_several_positions_per_step_and_new_key_padding() -> None:
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, rtol=1e-9, atol=1e-10)
 
 
-def test_non_causal_and_cross_attention_still_use_keys_and_values() -> None:
+def test_cross_attention_caches_the_sums_over_the_source_and_non_causal_keeps_keys() -> None:
     layer = linear_layer()
-    x, memory = torch.randn(2, 1, 16, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
+    x, memory = torch.randn(2, 3, 16, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
+    mask = torch.tensor([[True] * 5, [True] * 2 + [False] * 3])
     cross = KVCache(static=True)
     with torch.no_grad():
-        layer(x, memory=memory, cache=cross)
+        steps = [layer(x[:, t : t + 1], memory=memory, key_mask=mask, cache=cross)[0] for t in range(3)]
+        full, _ = layer(x, memory=memory, key_mask=mask)
         plain = KVCache()
-        layer(x, cache=plain)  # not causal: an ordinary growing cache
-    assert cross.k.shape == (2, 2, 5, 4) and cross.state is None
+        layer(x[:, :1], cache=plain)  # not causal: an ordinary growing cache
+    # Two sums per kv head, whatever the source length: sum phi(k) v^T (m x Dv) and sum phi(k) (m x 1).
+    assert cross.k.shape == (2, 2, 4, 4) and cross.v.shape == (2, 2, 4, 1) and cross.state is None
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-12, atol=1e-14)
     assert plain.k.shape == (2, 2, 1, 4) and plain.state is None
 
 

@@ -108,6 +108,17 @@ def _causal_linear(
     return context, LinearAttentionState(kv=kv, z=z)
 
 
+def _refuse_weights(*, need_weights: bool, dropout_p: float) -> None:
+    """Linear attention forms no attention matrix: no weights to return, none to drop."""
+    if need_weights:
+        raise ValueError("the linear kernel cannot return attention weights; use kernel=eager")
+    if dropout_p > 0:
+        raise AttentionConfigError(
+            f"the linear kernel has no attention weights to drop (dropout_p={dropout_p}); "
+            "set attention.dropout=0"
+        )
+
+
 def _prefix_state(phi_k: Tensor, v: Tensor) -> LinearAttentionState:
     """The state after keys phi_k (B, Hkv, T, m) with values v (B, Hkv, T, Dv)."""
     return LinearAttentionState(kv=phi_k.transpose(-1, -2) @ v, z=phi_k.sum(-2))
@@ -126,6 +137,7 @@ class LinearAttention(AttentionKernel):
         recurrent=True,  # causal decoding: the state (S, z) replaces the KV cache
         attention_dropout=False,  # no attention matrix to drop entries from
         shares_keys=True,  # non-causal: each query's features and normaliser are its own
+        reduces_keys=True,  # non-causal: the two sums over the keys (reduce) are all a query needs
     )
 
     def __init__(
@@ -234,22 +246,41 @@ class LinearAttention(AttentionKernel):
         dropout_p: float = 0.0,
         need_weights: bool = False,
     ) -> AttentionOutput:
-        if need_weights:
-            raise ValueError("the linear kernel cannot return attention weights; use kernel=eager")
-        if dropout_p > 0:
-            raise AttentionConfigError(
-                f"the linear kernel has no attention weights to drop (dropout_p={dropout_p}); "
-                "set attention.dropout=0"
-            )
-        phi_q, eps_row, phi_k, values = self._features(q, k, v, key_mask)
-        tq, tk = q.size(2), k.size(2)
+        _refuse_weights(need_weights=need_weights, dropout_p=dropout_p)
         if not causal:
-            kv = phi_k.transpose(-1, -2) @ values  # (B, Hkv, m, Dv)
-            num = phi_q @ kv[:, :, None]  # (B, Hkv, G, Tq, Dv)
-            den = phi_q @ phi_k.sum(-2)[:, :, None, :, None]  # (B, Hkv, G, Tq, 1)
-            context = num / (den + eps_row)
-        else:
-            context = self._causal(phi_q, eps_row, phi_k, values, offset=tk - tq)
+            return self.attend_reduced(q, *self.reduce(k, v, key_mask))
+        phi_q, eps_row, phi_k, values = self._features(q, k, v, key_mask)
+        context = self._causal(phi_q, eps_row, phi_k, values, offset=k.size(2) - q.size(2))
+        return AttentionOutput(context=context.flatten(1, 2).to(q.dtype))  # (B, H, Tq, Dv)
+
+    def reduce(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor, None]:
+        """The two sums over the keys, once per sentence: sum_j phi(k_j) v_j^T (B, Hkv, m, Dv) in the keys'
+        place and sum_j phi(k_j) (B, Hkv, m, 1) in the values' (eq. 5; padded keys add nothing), in the
+        working precision of :meth:`_features`. Cross-attention's decoding cache holds these instead of
+        the source's keys and values, so a decoding step costs O(m Dv), not O(source length)."""
+        work = torch.promote_types(k.dtype, torch.float32)
+        phi_k = self.key_features(k.to(work))  # (B, Hkv, Tk, m)
+        if key_mask is not None:
+            phi_k = phi_k * key_mask[:, None, :, None]
+        return phi_k.transpose(-1, -2) @ v.to(work), phi_k.sum(-2)[..., None], None
+
+    def attend_reduced(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_mask: Tensor | None,
+        *,
+        dropout_p: float = 0.0,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """Non-causal linear attention of ``q`` (B, H, Tq, Dh) from :meth:`reduce`'s sums ``k`` (kv) and
+        ``v`` (z): phi(q) kv / (phi(q) z + eps)."""
+        _refuse_weights(need_weights=need_weights, dropout_p=dropout_p)
+        phi_q, eps_row = self.query_features(q.to(k.dtype))
+        phi_q = phi_q.unflatten(1, (k.size(1), -1))  # (B, Hkv, G, Tq, m)
+        eps_row = eps_row.unflatten(1, (k.size(1), -1))
+        context = (phi_q @ k[:, :, None]) / (phi_q @ v[:, :, None] + eps_row)  # (B, Hkv, G, Tq, Dv)
         return AttentionOutput(context=context.flatten(1, 2).to(q.dtype))  # (B, H, Tq, Dv)
 
     def _causal(self, phi_q: Tensor, eps_row: Tensor, phi_k: Tensor, v: Tensor, *, offset: int) -> Tensor:
