@@ -198,6 +198,15 @@ def test_rotations_are_seeded() -> None:
     assert first.buckets(q).max() == 3 and first.buckets(q).shape == (4, 3, 4, 13)
 
 
+def test_buckets_are_the_argmax_over_the_rotations_and_their_negatives() -> None:
+    kernel = build_kernel("lsh", n_buckets=8, n_hashes=3, seed=4)
+    x = torch.randn(2, 3, 50, 8)
+    x[0, 0, 0] = 0.0  # every rotation 0: a tie, which argmax breaks towards the first half
+    rotated = torch.einsum("bhtd,rdn->rbhtn", x, kernel.rotations(8, x.device))
+    expected = torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # the paper's h(x)
+    assert torch.equal(kernel.buckets(x), expected) and kernel.buckets(x)[:, 0, 0, 0].tolist() == [0, 0, 0]
+
+
 def test_cross_attention_weights_and_dropout_are_refused_with_the_reason() -> None:
     message = r"'lsh' cannot serve the cross site: it lacks across_sequences \(LSH buckets relate positions"
     with pytest.raises(AttentionConfigError, match=message):

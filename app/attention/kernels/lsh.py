@@ -161,7 +161,11 @@ class LSHAttention(AttentionKernel):
             return x.new_zeros(self.n_hashes, *x.shape[:3], dtype=torch.long)
         with torch.no_grad():
             rotated = torch.einsum("bhtd,rdn->rbhtn", x.float(), self.rotations(x.size(-1), x.device))
-            return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # (R, B, H, T)
+            # argmax([xR; -xR]) without forming it: the largest of xR, or the most negative one (second
+            # half), the first half on a tie, as argmax picks the first maximum.
+            top, top_at = rotated.max(dim=-1)
+            low, low_at = rotated.min(dim=-1)
+            return torch.where(top >= -low, top_at, low_at + self.n_buckets // 2)  # (R, B, H, T)
 
     # --- the kernel -------------------------------------------------------------------------------------
 
