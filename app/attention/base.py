@@ -113,6 +113,13 @@ class AttentionKernel(nn.Module):
         kernel's settings ask for it (linformer ``sharing=layerwise``). The model calls it for every later
         layer; kernels without parameters ignore it."""
 
+    def key_codes(self, k: Tensor) -> Tensor | None:
+        """Integer codes (B, Hkv, T, C) the kernel derives from each key (B, Hkv, T, Dh) alone, for a decoding
+        cache to keep beside the keys, so that a step computes them for its new keys only (lsh: each key's
+        bucket in every round); None (the default) for kernels without such codes. A kernel that has them
+        gets the cached codes of all its keys back as ``forward(..., key_codes=)``."""
+        return None
+
     def shared_keys(self, q: Tensor) -> Tensor:
         """The keys (B, H, T, Dh) a kernel with ``shared_qk`` derives from its queries (B, H, T, Dh)."""
         raise NotImplementedError(f"{type(self).__name__} does not share queries and keys (shared_qk)")

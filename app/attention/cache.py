@@ -42,6 +42,8 @@ class KVCache:
     state: Any = None  # a RecurrentState, or None
     key_mask: Tensor | None = None  # (B, k): which reduced rows are real, for a static cache of a kernel that
     # reduces keys along the sequence (capabilities.reduces_keys, linformer); None otherwise
+    codes: Tensor | None = None  # (B, Hkv, T, C) the kernel's per-key codes (AttentionKernel.key_codes, lsh:
+    # buckets), kept beside the keys; None when the kernel has none or the cache began without them
     group: int = 1  # query rows per cached row: a static cache shared by a sentence's K beams holds one row
     # per sentence (capabilities.shares_keys), so dropping sentences selects its rows by sentence
 
@@ -53,8 +55,16 @@ class KVCache:
         """Cached key positions (0 for a recurrent state, which stores none)."""
         return 0 if self.k is None else self.k.size(2)
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add the new step's keys/values (B, Hkv, t, Dh) and return the full cached tensors."""
+    def append(self, k: Tensor, v: Tensor, codes: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Add the new step's keys/values (B, Hkv, t, Dh) and return the full cached tensors.
+
+        ``codes`` (B, Hkv, t, C), the kernel's codes of the new keys, are kept only while they cover every
+        cached key: a cache that began without them (one rebuilt from bare tensors) keeps none.
+        """
+        if codes is None or (self.k is not None and self.codes is None):
+            self.codes = None
+        else:
+            self.codes = codes if self.codes is None else torch.cat([self.codes, codes], dim=2)
         if self.k is None:
             self.k, self.v = k, v
         else:
@@ -63,6 +73,7 @@ class KVCache:
         if self.max_len is not None and self.k.size(2) > self.max_len:
             self.k = self.k[:, :, -self.max_len :]
             self.v = self.v[:, :, -self.max_len :]
+            self.codes = None if self.codes is None else self.codes[:, :, -self.max_len :]
         return self.k, self.v
 
     def reorder(self, index: Tensor) -> None:
@@ -72,11 +83,13 @@ class KVCache:
             self.v = self.v.index_select(0, index)
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, index)
+        if self.codes is not None:
+            self.codes = self.codes.index_select(0, index)
         if self.state is not None:
             self.state = self.state.reorder(index)
 
     def nbytes(self) -> int:
         """Bytes held by the cached keys, values and recurrent state."""
-        tensors = (t for t in (self.k, self.v, self.key_mask) if t is not None)
+        tensors = (t for t in (self.k, self.v, self.key_mask, self.codes) if t is not None)
         held = sum(t.numel() * t.element_size() for t in tensors)
         return held + (self.state.nbytes() if self.state is not None else 0)

@@ -96,12 +96,14 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.static and self.kernel.capabilities.reduces_keys:
             out = self._attend_reduced(q, memory, key_mask=key_mask, cache=cache, need_weights=need_weights)
             return self._merge(out.context), out.weights
+        codes = {}  # the cached keys' codes, for kernels that have them (AttentionKernel.key_codes)
         if cache is not None and cache.static and cache.filled:
             k, v = cache.k, cache.v
         else:
             k, v = self.project_kv(x if memory is None else memory, q if memory is None else None)
             if cache is not None:
-                k, v = cache.append(k, v)
+                k, v = cache.append(k, v, codes=None if cache.static else self.kernel.key_codes(k))
+                codes = {} if cache.codes is None else {"key_codes": cache.codes}
         out = self.kernel(
             q,
             k,
@@ -110,6 +112,7 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
+            **codes,
         )
         return self._merge(out.context), out.weights
 

@@ -186,6 +186,25 @@ def test_cached_decoding_equals_full_recomputation(kv_heads: int) -> None:
     cache = KVCache(max_len=kernel.cache_window())
     steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(12)]  # the direct form
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-12)
+    # Each key was hashed once, when it entered the cache: its buckets are kept beside it.
+    assert cache.codes.shape == (2, kv_heads, 12, 2)
+    assert torch.equal(cache.codes, kernel.key_codes(cache.k))
+
+
+def test_a_cache_rebuilt_without_buckets_hashes_its_keys_again() -> None:
+    # A decoding step given bare keys and values (as the compiled steps rebuild their caches) decodes the
+    # same: the kernel hashes every cached key, and the cache keeps no buckets from then on.
+    torch.manual_seed(0)
+    kernel = build_kernel("lsh", n_buckets=2, n_hashes=2, chunk_size=2, shared_qk=True)
+    layer = MultiHeadAttention(d_model=32, num_heads=4, num_kv_heads=2, kernel=kernel).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    cache = KVCache()
+    layer(x[:, :8], causal=True, cache=cache)
+    bare = KVCache(k=cache.k, v=cache.v)
+    with_codes, _ = layer(x[:, 8:], causal=True, cache=cache)
+    without, _ = layer(x[:, 8:], causal=True, cache=bare)
+    torch.testing.assert_close(without, with_codes, rtol=0, atol=0)
+    assert cache.codes.shape[2] == 9 and bare.codes is None
 
 
 def test_rotations_are_seeded() -> None:
@@ -338,8 +357,10 @@ def test_a_shared_qk_layer_has_no_key_projection_and_decodes_as_the_full_pass(kv
     cache = KVCache(max_len=kernel.cache_window())
     steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(12)]  # the direct form
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-12)
-    # Keys of every query head, values of the kv heads: what cache_bytes counts.
-    held = (cache.k.numel() + cache.v.numel()) * 4 // 2
+    # Keys of every query head with their buckets in each round, values of the kv heads: what
+    # cache_bytes counts per sentence (float32 keys and values, int16 buckets).
+    assert cache.codes.shape == (2, 4, 12, 2) and cache.codes.dtype == torch.int16
+    held = ((cache.k.numel() + cache.v.numel()) * 4 + cache.codes.numel() * 2) // 2
     assert held == kernel.cache_bytes(12, num_kv_heads=kv_heads, head_dim=8, dtype=torch.float32)
 
 

@@ -128,6 +128,10 @@ class LSHAttention(AttentionKernel):
         items = 3 if self.shared_qk else 6
         return 4 * self.n_hashes * min(length, items * self.chunk_size)
 
+    def key_codes(self, k: Tensor) -> Tensor:
+        """Each key's bucket in every round, (B, Hkv, T, R) int16: what a decoding cache keeps beside it."""
+        return bucket_codes(self.buckets(k))
+
     def shared_keys(self, q: Tensor) -> Tensor:
         """Shared-QK keys: the queries scaled to unit length, k_j = q_j / |q_j| (paper, section 2)."""
         if not self.shared_qk:
@@ -135,10 +139,11 @@ class LSHAttention(AttentionKernel):
         return q / q.norm(dim=-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
 
     def cache_bytes(self, length: int, *, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """As every KV cache; shared-QK keys have one head per query head (values keep ``num_kv_heads``)."""
-        if not self.shared_qk:
-            return super().cache_bytes(length, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
-        return (self._num_heads + num_kv_heads) * length * head_dim * dtype.itemsize
+        """Keys, values and the keys' buckets; shared-QK keys have one head per query head (values keep
+        ``num_kv_heads``)."""
+        key_heads = self._num_heads if self.shared_qk else num_kv_heads
+        codes = key_heads * length * self.n_hashes * 2  # the keys' buckets, int16 (key_codes)
+        return (key_heads + num_kv_heads) * length * head_dim * dtype.itemsize + codes
 
     def bind(self, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         """Remember the query head count (the shared-QK cache holds that many key heads)."""
@@ -179,16 +184,22 @@ class LSHAttention(AttentionKernel):
         causal: bool = False,
         dropout_p: float = 0.0,
         need_weights: bool = False,
+        key_codes: Tensor | None = None,
     ) -> AttentionOutput:
-        """Attend ``q`` (B, H, Tq, Dh) over ``k``/``v`` (B, Hkv, Tk, Dh) within hash buckets."""
+        """Attend ``q`` (B, H, Tq, Dh) over ``k``/``v`` (B, Hkv, Tk, Dh) within hash buckets; ``key_codes``
+        (B, Hkv, Tk, R), the keys' buckets as :meth:`key_codes` gave them (a decoding cache's), saves
+        hashing every key again."""
         if need_weights:
             raise ValueError("lsh attention cannot return attention weights (it forms no attention matrix)")
         if dropout_p > 0:
             raise ValueError("lsh attention cannot apply attention dropout (dropout_p must be 0)")
         heads, tq, dim = q.size(1), q.size(2), q.size(3)
         tk = k.size(2)
+        if key_codes is None:
+            kb = self.buckets(repeat_kv(k, heads))  # (R, B, H, Tk)
+        else:
+            kb = repeat_kv(key_codes.permute(0, 1, 3, 2), heads).permute(2, 0, 1, 3).long()  # (R, B, H, Tk)
         k, v = repeat_kv(k, heads), repeat_kv(v, heads)  # (B, H, Tk, Dh)
-        kb = self.buckets(k)  # (R, B, H, Tk)
         # Shared QK: a query's bucket is its own key's (the same direction), taken from the key so that a
         # cached decoding step and the full pass agree even where rounding would break an argmax tie.
         qb = kb[..., tk - tq :] if self.shared_qk else self.buckets(q)  # (R, B, H, Tq)
