@@ -51,8 +51,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
+from app.attention.kernels.lsh_ops import bucket_codes, masked_softmax_lse, safe_softmax, take
 from app.attention.kernels.lsh_shared import SharedRounds
-from app.attention.kernels.lsh_softmax import bucket_codes, masked_softmax_lse, safe_softmax
 from app.attention.registry import AttentionConfigError, register_kernel
 
 CROSS_REASON = (
@@ -99,14 +99,11 @@ class LSHAttention(AttentionKernel):
             raise AttentionConfigError(f"lsh attention seed={seed!r} must be an integer")
         self.n_buckets, self.n_hashes, self.chunk_size = n_buckets, n_hashes, chunk_size
         self.seed, self.exclude_self = seed, bool(exclude_self)
-        # recompute: keep no scores for the backward pass, recompute them there instead: per round by
-        # activation checkpointing in the separate form, per block of chunks by a lean backward
-        # (:class:`_LeanRound`) in the shared-QK form. Training memory then holds one block's (or round's)
-        # scores at a time plus (Tq x Dh) per round.
+        # recompute: no scores kept for the backward pass (separate form: checkpointing per round; shared
+        # QK: lsh_shared.LeanRound per block of chunks), for less training memory on long inputs.
         self.recompute = bool(recompute)
-        # shared_qk: the paper's form, keys are the unit-length queries (the layer has no key projection).
-        # A token is then one sorted item, query and key at once, and a round costs about a third of the
-        # separate form's (no key rows, no query/key interleaving in the chunks; :meth:`_round_shared`).
+        # shared_qk: the paper's form, keys are the unit-length queries (the layer has no key projection);
+        # a token is one sorted item, query and key at once: a third of the separate form's cost per round.
         self.shared_qk = bool(shared_qk)
         self._rotations: dict[tuple[int, torch.device], Tensor] = {}
         self._num_heads = 1  # set by bind()
@@ -321,11 +318,11 @@ class LSHAttention(AttentionKernel):
         q_idx = (rows - tk).clamp(0, max(tq - 1, 0))  # (B, H, C, m)
         keep = self._chunk_mask(qb[r], kb[r], q_idx, ins, slab, slab_ok, causal=causal, tk=tk, tq=tq)
         keep = keep & is_query[..., None]  # (B, H, C, m, W)
-        q_rows = _take(q, q_idx)  # (B, H, C, m, Dh)
-        k_slab, v_slab = _take(k, slab), _take(v, slab)  # (B, H, C, W, Dh)
+        q_rows = take(q, q_idx)  # (B, H, C, m, Dh)
+        k_slab, v_slab = take(k, slab), take(v, slab)  # (B, H, C, W, Dh)
         scores = torch.einsum("bhcmd,bhcwd->bhcmw", q_rows, k_slab)  # (B, H, C, m, W)
         if self.n_hashes > 1:  # N_ij: rounds in which key j shares query i's bucket
-            all_q, all_k = _take(bucket_codes(qb), q_idx), _take(bucket_codes(kb), slab)  # (B, H, C, m|W, R)
+            all_q, all_k = take(bucket_codes(qb), q_idx), take(bucket_codes(kb), slab)  # (B, H, C, m|W, R)
             repeats = (all_q[..., :, None, :] == all_k[..., None, :, :]).sum(-1, dtype=torch.uint8)
             scores = scores - repeats.to(scores.dtype).clamp_(min=1).log_()
         z, out = masked_softmax_lse(scores, keep, v_slab)  # (B, H, C, m), (B, H, C, m, Dv)
@@ -357,7 +354,7 @@ class LSHAttention(AttentionKernel):
         sorted_index = first + torch.arange(slab.size(-1), device=slab.device)  # (B, H, C, 1, W)
         after = 0 if causal else m
         keep = (sorted_index >= ins[..., None] - m) & (sorted_index < ins[..., None] + after)
-        same = _take(qb, q_idx)[..., None] == _take(kb, slab)[..., None, :]
+        same = take(qb, q_idx)[..., None] == take(kb, slab)[..., None, :]
         keep = keep & slab_ok[..., None, :] & same
         if causal:
             keep = keep & (kpos[..., None, :] <= qpos[..., None])
@@ -400,12 +397,3 @@ def _sort_and_chunk(qb: Tensor, kb: Tensor, m: int, *, causal: bool) -> tuple[Te
         batch, heads, chunks, width
     )
     return rows, ins, slab, slab_ok
-
-
-def _take(x: Tensor, index: Tensor) -> Tensor:
-    """``x`` (B, H, T[, D]) at positions ``index`` (B, H, C, n): (B, H, C, n[, D])."""
-    flat = index.flatten(2)  # (B, H, C * n)
-    if x.dim() == 3:
-        return x.gather(2, flat).view(index.shape)
-    picked = x.gather(2, flat[..., None].expand(-1, -1, -1, x.size(-1)))
-    return picked.view(*index.shape, x.size(-1))

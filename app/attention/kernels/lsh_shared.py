@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.attention.kernels.lsh_softmax import LogSumExp, bucket_codes, lse_from_softmax
+from app.attention.kernels.lsh_ops import LogSumExp, bucket_codes, lse_from_softmax
 
 # The shared-QK form scores its sorted chunks in blocks of about this many scores (2 MiB in float32), so
 # that a round's temporaries stay bounded at any length (and, with recompute, what its backward holds).

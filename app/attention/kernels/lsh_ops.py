@@ -1,4 +1,5 @@
-"""The softmax pieces LSH attention combines its rounds with (:mod:`app.attention.kernels.lsh`).
+"""Tensor pieces of LSH attention (:mod:`app.attention.kernels.lsh`): the softmax its rounds combine with,
+bucket codes, gathers.
 
 Each round is a softmax over the keys the round lets a query see; rounds are combined by their
 log-sum-exps, so every round returns that too, with gradients, and rows that see nothing stay finite.
@@ -57,3 +58,12 @@ def safe_softmax(z: Tensor, *, dim: int) -> Tensor:
 def bucket_codes(buckets: Tensor) -> Tensor:
     """(R, B, H, T) buckets as (B, H, T, R) int16 (padding's bucket n_buckets included): less to compare."""
     return buckets.permute(1, 2, 3, 0).to(torch.int16)
+
+
+def take(x: Tensor, index: Tensor) -> Tensor:
+    """``x`` (B, H, T[, D]) at positions ``index`` (B, H, C, n): (B, H, C, n[, D])."""
+    flat = index.flatten(2)  # (B, H, C * n)
+    if x.dim() == 3:
+        return x.gather(2, flat).view(index.shape)
+    picked = x.gather(2, flat[..., None].expand(-1, -1, -1, x.size(-1)))
+    return picked.view(*index.shape, x.size(-1))
