@@ -272,18 +272,23 @@ def saved_bytes_and_grads(kernel: LSHAttention, inputs: tuple, key_mask: Tensor,
     return sum(saved.values()), out.detach(), grads
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_recompute_gives_the_same_result_and_gradients_with_less_saved(causal: bool) -> None:
-    q, k, v, key_mask = inputs(tq=40, tk=40)
-    settings = {"n_buckets": 4, "n_hashes": 3, "chunk_size": 4}
-    stored = saved_bytes_and_grads(build_kernel("lsh", **settings), (q, k, v), key_mask, causal=causal)
+def assert_recompute_matches(settings: dict, tensors: tuple, key_mask: Tensor, *, causal: bool) -> None:
+    """``recompute=True`` gives the same output and gradients as storing, keeping under half the bytes."""
+    stored = saved_bytes_and_grads(build_kernel("lsh", **settings), tensors, key_mask, causal=causal)
     recomputed = saved_bytes_and_grads(
-        build_kernel("lsh", **settings, recompute=True), (q, k, v), key_mask, causal=causal
+        build_kernel("lsh", **settings, recompute=True), tensors, key_mask, causal=causal
     )
     torch.testing.assert_close(recomputed[1], stored[1], rtol=1e-12, atol=1e-12)
     for got, expected in zip(recomputed[2], stored[2], strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     assert recomputed[0] < stored[0] / 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_recompute_gives_the_same_result_and_gradients_with_less_saved(causal: bool) -> None:
+    q, k, v, key_mask = inputs(tq=40, tk=40)
+    settings = {"n_buckets": 4, "n_hashes": 3, "chunk_size": 4}
+    assert_recompute_matches(settings, (q, k, v), key_mask, causal=causal)
 
 
 # --- shared QK (the paper's form): keys are the unit-length queries, one sorted item per token ----------
@@ -377,11 +382,4 @@ def test_shared_qk_padding_never_leaks_and_recompute_matches(monkeypatch: pytest
     real = key_mask[:, None, :, None].expand_as(out)
     torch.testing.assert_close(changed.context[real], out[real], rtol=0, atol=0)
     for causal in (False, True):
-        stored = saved_bytes_and_grads(kernel, (q, k, v), key_mask, causal=causal)
-        recomputed = saved_bytes_and_grads(
-            build_kernel("lsh", **settings, recompute=True), (q, k, v), key_mask, causal=causal
-        )
-        torch.testing.assert_close(recomputed[1], stored[1], rtol=1e-12, atol=1e-12)
-        for got, expected in zip(recomputed[2], stored[2], strict=True):
-            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-        assert recomputed[0] < stored[0] / 2
+        assert_recompute_matches(settings, (q, k, v), key_mask, causal=causal)
