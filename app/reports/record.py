@@ -6,6 +6,11 @@ the test translations (gzipped: ``csv/metrics.csv.gz``, ``test.hyp.gz``; every r
 form) and the console log, shortened to its first and last lines when long. Extra files the run holds
 (a zero-shot translation, say) are kept when named, gzipped alike. Checkpoints never are.
 
+``keep_sweep(sweep, record)`` does the same for a whole Hydra sweep (docs/ablation/<name>/): every job
+directory's parts (a failed or unfinished job's config, ``FAILED`` file and log, so the report names it),
+and the sweep's own report files, figures and measurement caches (``decode_speed.json``,
+``attention_maps.json``), so ``scripts/report.py <record>`` regenerates the report without checkpoints.
+
 The record is assembled in a temporary directory beside its destination and renamed into place, so an
 interrupted copy leaves nothing half-made; an existing record is never overwritten.
 """
@@ -15,14 +20,17 @@ from __future__ import annotations
 import gzip
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from app.rundir import CONFIG, HYPOTHESES, LOG, METRICS, RESULTS, RunDir
+from app.rundir import CONFIG, FAILED, HYPOTHESES, LOG, METRICS, RESULTS, RunDir
 
 LOG_HEAD, LOG_TAIL = 30, 50  # lines of a long log a record keeps
 OVERRIDES = CONFIG.parent / "overrides.yaml"
 GZIPPED = (METRICS, Path(HYPOTHESES))  # kept as <name>.gz
+SWEEP_FILES = (  # a sweep's own files a record keeps (report.html is rebuilt, never committed)
+    "multirun.yaml", "report.md", "report.csv", "report.json", "decode_speed.json", "attention_maps.json",
+)  # fmt: skip
 
 
 class RecordError(ValueError):
@@ -35,12 +43,49 @@ def keep_run(run: str | Path, record: str | Path, *, extra: Sequence[str] = ()) 
     for needed in (source.config, source.results):
         if not needed.is_file():
             raise RecordError(f"{run} is not a finished run: {needed} does not exist")
+    return _assemble(record, lambda tmp: _copy_parts(source.root, tmp, extra))
+
+
+def keep_sweep(sweep: str | Path, record: str | Path) -> list[Path]:
+    """Write the record of ``sweep`` (a Hydra sweep directory) to ``record``; returns the files written.
+
+    Every job directory (one holding ``.hydra/config.yaml``) is kept as :func:`keep_run` keeps a run,
+    finished or not (a failed job keeps its ``FAILED`` file), beside the sweep's :data:`SWEEP_FILES` and
+    PNG figures."""
+    source = Path(sweep)
+    jobs = (
+        sorted(p for p in source.iterdir() if p.is_dir() and RunDir(p).config.is_file())
+        if source.is_dir()
+        else []
+    )
+    if not jobs:
+        raise RecordError(
+            f"{sweep} is neither a finished run nor a sweep: no {CONFIG} in it or in a directory in it"
+        )
+
+    def copy(out: Path) -> list[Path]:
+        written = []
+        for job in jobs:
+            parts = _copy_parts(job, out / job.name, ())
+            if RunDir(job).failed.is_file():
+                parts.append(_copy(job / FAILED, out / job.name / FAILED).relative_to(out / job.name))
+            written += [Path(job.name) / part for part in parts]
+        for path in sorted(source.iterdir()):
+            if path.is_file() and (path.name in SWEEP_FILES or path.suffix == ".png"):
+                written.append(_copy(path, out / path.name).relative_to(out))
+        return written
+
+    return _assemble(Path(record), copy)
+
+
+def _assemble(record: Path, copy: Callable[[Path], list[Path]]) -> list[Path]:
+    """``copy(tmp)`` into a temporary directory beside ``record``, renamed to ``record`` when complete."""
     if record.exists():
         raise RecordError(f"{record} exists; choose another name or remove it first")
     record.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=record.parent, prefix=f".{record.name}-"))
     try:
-        written = _copy_parts(source.root, tmp, extra)
+        written = copy(tmp)
         tmp.rename(record)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

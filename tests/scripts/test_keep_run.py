@@ -1,4 +1,4 @@
-"""scripts/keep_run.py: a finished run becomes a small record; checkpoints stay behind."""
+"""scripts/keep_run.py: a finished run (or a sweep) becomes a small record; checkpoints stay behind."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers.training import REPO_ROOT
 
-from app.reports.record import LOG_HEAD, LOG_TAIL, RecordError, keep_run
+from app.reports.record import LOG_HEAD, LOG_TAIL, RecordError, keep_run, keep_sweep
 from app.reports.runs import read_run
 
 
@@ -75,4 +75,50 @@ def test_the_script_reports_a_refusal_with_exit_2(tmp_path: Path) -> None:
         [sys.executable, "scripts/keep_run.py", str(tmp_path / "none"), str(tmp_path / "rec")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == 2 and "not a finished run" in done.stderr
+    assert done.returncode == 2 and "neither a finished run nor a sweep" in done.stderr
+
+
+def fake_sweep(root: Path) -> Path:
+    """A sweep directory: two finished jobs, one failed, the report with its caches, figures and html."""
+    fake_run(root / "attention=eager,seed=1")
+    fake_run(root / "attention=linear,seed=1")
+    failed = root / "attention=lsh,seed=1"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (failed / "FAILED").write_text("exit 137 (killed: out of memory?)\n")
+    (failed / "train.log").write_text("epoch 0\n")
+    for name in ("multirun.yaml", "report.md", "report.csv", "report.json", "decode_speed.json"):
+        (root / name).write_text(name)
+    (root / "group1_curves.png").write_bytes(b"png")
+    (root / "report.html").write_text("<html>")  # rebuilt from the rest, never kept
+    (root / "notes").mkdir()  # a directory that is no job
+    return root
+
+
+def test_a_sweep_record_keeps_every_job_failed_ones_too_and_the_reports_files(tmp_path: Path) -> None:
+    sweep = fake_sweep(tmp_path / "sweep")
+    written = keep_sweep(sweep, tmp_path / "docs" / "sweep")
+    record = tmp_path / "docs" / "sweep"
+    kept = {str(path) for path in written}
+    assert kept == {str(p.relative_to(record)) for p in record.rglob("*") if p.is_file()}
+    for job in ("attention=eager,seed=1", "attention=linear,seed=1"):
+        assert {f"{job}/results.json", f"{job}/test.hyp.gz", f"{job}/csv/metrics.csv.gz"} <= kept
+        assert read_run(record / job).status == "finished"
+    assert read_run(record / "attention=lsh,seed=1").status == "failed"  # the report still names it
+    assert {"report.md", "decode_speed.json", "group1_curves.png", "multirun.yaml"} <= kept
+    assert not any("checkpoints" in path or path == "report.html" or "notes" in path for path in kept)
+    with pytest.raises(RecordError, match="exists"):
+        keep_sweep(sweep, record)
+    with pytest.raises(RecordError, match="neither a finished run nor a sweep"):
+        keep_sweep(sweep / "notes", tmp_path / "rec")
+
+
+def test_the_script_records_a_sweep_directory(tmp_path: Path) -> None:
+    sweep = fake_sweep(tmp_path / "sweep")
+    done = subprocess.run(
+        [sys.executable, "scripts/keep_run.py", str(sweep), str(tmp_path / "rec")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "rec" / "attention=lsh,seed=1" / "FAILED").is_file()
+    assert str(tmp_path / "rec" / "report.md") in done.stdout.splitlines()
