@@ -25,10 +25,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a finished run directory (holds results.json), or a sweep's")
     parser.add_argument("record", type=Path, help="the record to write, e.g. docs/results/<name>")
-    parser.add_argument("--extra", nargs="*", default=[], help="more files of the run to keep, gzipped")
+    parser.add_argument("--extra", nargs="*", default=[], help="more files of a run to keep, gzipped")
     args = parser.parse_args()
+    if args.extra and not is_run_dir(args.run):
+        parser.error("--extra names more files of a run; a sweep directory keeps its jobs' usual files")
     try:
-        if is_run_dir(args.run) or args.extra:
+        if is_run_dir(args.run):
             written = keep_run(args.run, args.record, extra=args.extra)
         else:
             written = keep_sweep(args.run, args.record)

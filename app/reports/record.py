@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from app.reports.runs import is_run_dir
 from app.rundir import CONFIG, FAILED, HYPOTHESES, LOG, METRICS, RESULTS, RunDir
 
 LOG_HEAD, LOG_TAIL = 30, 50  # lines of a long log a record keeps
@@ -53,11 +54,7 @@ def keep_sweep(sweep: str | Path, record: str | Path) -> list[Path]:
     finished or not (a failed job keeps its ``FAILED`` file), beside the sweep's :data:`SWEEP_FILES` and
     PNG figures."""
     source = Path(sweep)
-    jobs = (
-        sorted(p for p in source.iterdir() if p.is_dir() and RunDir(p).config.is_file())
-        if source.is_dir()
-        else []
-    )
+    jobs = sorted(p for p in source.iterdir() if is_run_dir(p)) if source.is_dir() else []
     if not jobs:
         raise RecordError(
             f"{sweep} is neither a finished run nor a sweep: no {CONFIG} in it or in a directory in it"
@@ -66,10 +63,7 @@ def keep_sweep(sweep: str | Path, record: str | Path) -> list[Path]:
     def copy(out: Path) -> list[Path]:
         written = []
         for job in jobs:
-            parts = _copy_parts(job, out / job.name, ())
-            if RunDir(job).failed.is_file():
-                parts.append(_copy(job / FAILED, out / job.name / FAILED).relative_to(out / job.name))
-            written += [Path(job.name) / part for part in parts]
+            written += [Path(job.name) / part for part in _copy_parts(job, out / job.name, ())]
         for path in sorted(source.iterdir()):
             if path.is_file() and (path.name in SWEEP_FILES or path.suffix == ".png"):
                 written.append(_copy(path, out / path.name).relative_to(out))
@@ -95,7 +89,7 @@ def _assemble(record: Path, copy: Callable[[Path], list[Path]]) -> list[Path]:
 
 def _copy_parts(run: Path, out: Path, extra: Sequence[str]) -> list[Path]:
     written = []
-    for name in (CONFIG, OVERRIDES, Path(RESULTS)):
+    for name in (CONFIG, OVERRIDES, Path(RESULTS), Path(FAILED)):  # FAILED: a failed sweep job
         if (run / name).is_file():
             written.append(_copy(run / name, out / name))
     for name in (*GZIPPED, *(Path(e) for e in extra)):

@@ -122,3 +122,8 @@ def test_the_script_records_a_sweep_directory(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "rec" / "attention=lsh,seed=1" / "FAILED").is_file()
     assert str(tmp_path / "rec" / "report.md") in done.stdout.splitlines()
+    refused = subprocess.run(
+        [sys.executable, "scripts/keep_run.py", str(sweep), str(tmp_path / "rec2"), "--extra", "x.hyp"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--extra names more files of a run" in refused.stderr
