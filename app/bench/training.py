@@ -3,8 +3,11 @@
     python scripts/bench_train.py experiment=quickstart --json
     python scripts/bench_train.py experiment=quickstart attention=sdpa --windows 5 --window-steps 30
     python scripts/bench_train.py experiment=quickstart trainer.precision=32-true optim.fused=false
+    python scripts/bench_train.py experiment=ablation_length attention=eager,linformer data.concat=16,64
 
-Any ``train.py`` override works. The run trains for ``--warmup-steps`` untimed steps (allocator and
+Any ``train.py`` override works, and comma-separated values sweep as under ``train.py -m``: each
+configuration is measured in turn (the last override varying fastest) and appended to ``--out`` as it
+ends. The run trains for ``--warmup-steps`` untimed steps (allocator and
 oneDNN warm-up, compilation), then ``--windows`` windows of ``--window-steps`` optimizer steps each;
 the figure is the median of the windows' rates, so a burst of other work on the machine moves one
 window, not the result. Tokens are real source + target tokens (no padding), as in train/tokens_per_s
@@ -21,13 +24,17 @@ always by the bf16 peak. Where the device has no fast bf16 path (a CPU without A
 BF16, where one emulated 2048 product takes seconds) the bf16 peak is not measured: ``peak_bf16_tflops``
 and ``mfu_bf16`` are null and the summary says ``n/a: no fast bf16 on this CPU``. Prints a
 summary, or with ``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).
-``--table FILE...`` prints earlier ``--out`` files as one Markdown table instead of measuring.
+``--table FILE...`` prints earlier ``--out`` files as one Markdown table instead of measuring. A
+configuration that runs out of GPU memory is a result too (the longest input a kernel fits): it is
+printed and written with an ``error`` instead of figures, and the command still succeeds.
 ``--profile N`` records N more steps with ``torch.profiler`` and prints its operator table (stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import json
 import statistics
 import sys
@@ -37,9 +44,10 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from app.bench.memory import peak_rss_mb
+from app.bench.memory import is_out_of_memory, peak_rss_mb
 from app.bench.runs import StepClock, bench_config
 from app.bench.timing import window_rates
 from app.hardware import cpu_description, matmul_peak_tflops
@@ -137,11 +145,17 @@ def measure(
         profiler = StepProfile(start=timed, steps=profile)
         if profile:
             run.trainer.callbacks.append(profiler)
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
         device = run.trainer.strategy.root_device  # the peak is measured where the model trains
         before = peak_tflops(device, peak_size)
-        run.trainer.fit(run.module, datamodule=run.datamodule)
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()  # after the peak's products: training's memory alone
+        try:
+            run.trainer.fit(run.module, datamodule=run.datamodule)
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            return out_of_memory(overrides, err)
+        peak_cuda_mb = round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else 0
         after = peak_tflops(device, peak_size)
     peaks = best_peaks(before, after)
     rates = window_rates(clock.tokens, clock.ends, warmup, windows, size)
@@ -161,15 +175,30 @@ def measure(
         **{f"peak_{dtype}_tflops": None if peak is None else round(peak, 4) for dtype, peak in peaks.items()},
         "real_token_fraction": round(sum(clock.tokens) / sum(clock.padded), 3),
         "peak_rss_mb": peak_rss_mb(),
-        "peak_cuda_mb": round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else 0,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        **cpu_description(),
+        "peak_cuda_mb": peak_cuda_mb,
+        **machine(),
         **({"profile": profiler.table} if profile else {}),
     }
 
 
+def machine() -> dict[str, Any]:
+    """Where a result was measured: the GPU's name (or "cpu") and the CPU's model, flags and threads."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"device": device, **cpu_description()}
+
+
+def out_of_memory(overrides: list[str], err: BaseException) -> dict[str, Any]:
+    """The result of a configuration that ran out of memory while training: a finding of the benchmark
+    (the longest input a kernel fits), recorded with the error's first line instead of figures."""
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return {"overrides": overrides, "error": f"out of memory: {first_line[:200]}", **machine()}
+
+
 def summary(result: dict[str, Any]) -> str:
     """The headline figures in one line for a person."""
+    if "error" in result:
+        where = f"{result['device']}, {result['cpu_model']}"
+        return f"{' '.join(result['overrides'])}: {result['error']} ({where})"
     mfu = "n/a" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"
     bf16 = result["peak_bf16_tflops"]
     if bf16 is None:
@@ -185,7 +214,8 @@ def results_table(paths: list[Path]) -> str:
     """A Markdown table of benchmark JSON lines: one row per configuration and file, the runs in order.
 
     Rows keep the first-seen order of (file, overrides); each cell lists that configuration's runs, so
-    alternating rounds written to the same files read side by side.
+    alternating rounds written to the same files read side by side. A run that ran out of memory reads
+    "OOM" in the tokens/s column.
     """
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for path in paths:
@@ -194,21 +224,31 @@ def results_table(paths: list[Path]) -> str:
                 result = json.loads(line)
                 rows.setdefault((path.name, " ".join(result["overrides"])), []).append(result)
 
-    def cells(runs: list[dict[str, Any]], key: str, scale: float = 1.0, digits: int = 0) -> str:
-        return ", ".join(f"{run[key] * scale:,.{digits}f}" for run in runs if run.get(key) is not None)
+    def cells(runs: list[dict[str, Any]], key: str, scale: float, digits: int) -> str:
+        return ", ".join(
+            "OOM" if "error" in run else f"{run[key] * scale:,.{digits}f}"
+            for run in runs
+            if ("error" in run and key == "tokens_per_s") or run.get(key)  # null or 0 (no GPU): left out
+        )
 
     lines = [
-        "| file | overrides | tokens/s | MFU vs bf16 peak (%) | peak bf16 TFLOP/s | peak RSS MB | CPU |",
-        "|---|---|---|---|---|---|---|",
+        "| file | overrides | tokens/s | MFU vs bf16 peak (%) | peak bf16 TFLOP/s | peak RSS MB "
+        "| peak GPU MB | device | CPU |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, overrides), runs in rows.items():
         figures = [
-            cells(runs, "tokens_per_s"),
-            cells(runs, "mfu_bf16", 100, 1),
-            cells(runs, "peak_bf16_tflops", 1, 3),
-            cells(runs, "peak_rss_mb"),
+            cells(runs, key, scale, digits)
+            for key, scale, digits in [
+                ("tokens_per_s", 1, 0),
+                ("mfu_bf16", 100, 1),
+                ("peak_bf16_tflops", 1, 3),
+                ("peak_rss_mb", 1, 0),
+                ("peak_cuda_mb", 1, 0),
+            ]
         ]
-        lines.append(f"| {name} | `{overrides}` | {' | '.join(figures)} | {runs[0].get('cpu_model', '')} |")
+        where = [runs[0].get("device", "cpu"), runs[0].get("cpu_model", "")]
+        lines.append(f"| {name} | `{overrides}` | {' | '.join(figures + where)} |")
     return "\n".join(lines)
 
 
@@ -252,27 +292,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def sweep(overrides: list[str]) -> list[list[str]]:
+    """Every configuration that the overrides ask for, in Hydra's sweep syntax (as ``train.py -m``):
+    ``attention=eager,sdpa data.concat=64,256`` gives four override lists, the last override varying
+    fastest. Hydra's own parser reads them, so a list value (``key=[a,b]``) stays one value."""
+    choices = [
+        [f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()]
+        if o.is_sweep_override()
+        else [o.input_line]
+        for o in OverridesParser.create().parse_overrides(overrides)
+    ]
+    return [list(combination) for combination in itertools.product(*choices)]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Measure one configuration and print it (or print earlier results as a table with ``--table``)."""
+    """Measure each configuration the overrides sweep over, one after another in this process, and
+    print each result as it comes (or print earlier results as a table with ``--table``)."""
     args = parse_args(argv)
     if args.table:
         print(results_table(args.table))
         return 0
-    result = measure(
-        args.overrides,
-        args.warmup_steps,
-        args.windows,
-        args.window_steps,
-        args.profile,
-        peak_size=args.peak_size,
-    )
-    table = result.pop("profile", "")
-    line = json.dumps(result)
-    print(line if args.json else summary(result))
-    if table:
-        print(f"torch.profiler, {args.profile} steps after the timed windows:\n{table}", file=sys.stderr)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as handle:
-            handle.write(line + "\n")
+    for overrides in sweep(args.overrides):
+        result = measure(
+            overrides,
+            args.warmup_steps,
+            args.windows,
+            args.window_steps,
+            args.profile,
+            peak_size=args.peak_size,
+        )
+        table = result.pop("profile", "")
+        line = json.dumps(result)
+        print(line if args.json else summary(result), flush=True)
+        if table:
+            print(f"torch.profiler, {args.profile} steps after the timed windows:\n{table}", file=sys.stderr)
+        if args.out:  # appended as each ends: a sweep cut short keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            with args.out.open("a") as handle:
+                handle.write(line + "\n")
+        gc.collect()  # the next configuration starts from an empty device
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return 0

@@ -15,6 +15,7 @@ back into sentences where it kept the same number of separators as its reference
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 import datasets
@@ -46,7 +47,10 @@ def concat_pairs(dataset: datasets.Dataset, k: int, separator: str = SEPARATOR) 
         side: pc.binary_join(pa.ListArray.from_arrays(offsets, column.take(pa.array(kept))), joiner)
         for side, column in (("src", src), ("tgt", tgt))
     }
-    return datasets.Dataset(datasets.table.InMemoryTable(pa.table(columns)))
+    # The fingerprint (the cache key of every later map) follows from the input's and the grouping;
+    # left to datasets, it would pickle the whole table, which fails under Python 3.12 + pyarrow 26
+    fingerprint = hashlib.sha256(f"{dataset._fingerprint}|concat={k}|{separator}".encode()).hexdigest()[:16]
+    return datasets.Dataset(datasets.table.InMemoryTable(pa.table(columns)), fingerprint=fingerprint)
 
 
 def concat_corpora(corpora: Mapping[str, datasets.Dataset], k: int) -> dict[str, datasets.Dataset]:

@@ -8,11 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from helpers.training import tiny_overrides, write_corpus_slice
 
 import app.hardware
 from app.bench import training as bench
+from app.training.task import build_fit
 
 PEAK = ["--peak-size", "512"]  # the peak's product: big enough to be steady, a 16th of 2048^2's work
 
@@ -105,7 +107,7 @@ def test_table_lists_each_configuration_of_each_file_with_its_runs_in_order(
     assert bench.main(["--table", str(before), str(after)]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
     assert len(rows) == 5  # header, rule, three (file, overrides) rows
-    assert rows[2] == "| before.jsonl | `experiment=a` | 100 | 10.0 | 0.500 | 1,200 | Some CPU |"
+    assert rows[2] == "| before.jsonl | `experiment=a` | 100 | 10.0 | 0.500 | 1,200 |  | cpu | Some CPU |"
     assert rows[3].startswith("| before.jsonl | `experiment=b` | 50 | 20.0 |")
     assert rows[4].startswith("| after.jsonl | `experiment=a` | 150, 170 | 15.0, 17.0 |")
 
@@ -144,3 +146,76 @@ def test_without_fast_bf16_the_peak_and_mfu_against_it_are_absent(avx2_only: lis
         "peak_rss_mb": 900,
     }
     assert "peaks bf16 n/a: no fast bf16 on this CPU / fp32 0.5 TFLOP/s" in bench.summary(result)
+
+
+class OutOfMemoryAtFirstStep(pl.Callback):
+    """Raises the error a GPU raises when an allocation fails, from inside the real training loop."""
+
+    def on_train_batch_start(self, *args: object) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB\nmore text")
+
+
+def test_running_out_of_memory_is_a_result_listed_as_oom(
+    multi30k_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def build_fit_that_runs_out(cfg: object) -> object:
+        run = build_fit(cfg)
+        run.trainer.callbacks.append(OutOfMemoryAtFirstStep())
+        return run
+
+    monkeypatch.setattr(bench, "build_fit", build_fit_that_runs_out)
+    overrides = bench_overrides(multi30k_dir, tmp_path)
+    out = tmp_path / "oom.jsonl"
+    args = ["--warmup-steps", "0", "--windows", "1", "--window-steps", "1", "--out", str(out), *PEAK]
+    assert bench.main([*overrides, *args]) == 0  # a finding, not a failure of the benchmark
+    assert "out of memory: CUDA out of memory. Tried to allocate 64.00 GiB (cpu, " in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["overrides"] == overrides and result["cpu_model"] and "tokens_per_s" not in result
+    with out.open("a") as handle:  # a configuration that fitted, beside it in the same file
+        handle.write(json.dumps({"overrides": ["x=1"], "tokens_per_s": 10, "peak_cuda_mb": 512}) + "\n")
+    assert bench.main(["--table", str(out)]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert rows[2].startswith(f"| oom.jsonl | `{' '.join(overrides)}` | OOM |  |  |  |  | cpu |")
+    assert rows[3] == "| oom.jsonl | `x=1` | 10 |  |  |  | 512 | cpu |  |"
+
+
+def test_an_error_that_is_not_out_of_memory_still_fails(
+    multi30k_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def build_fit_that_breaks(cfg: object) -> object:
+        run = build_fit(cfg)
+        run.trainer.callbacks.append(Breaks())
+        return run
+
+    class Breaks(pl.Callback):
+        def on_train_batch_start(self, *args: object) -> None:
+            raise RuntimeError("a bug, not a limit")
+
+    monkeypatch.setattr(bench, "build_fit", build_fit_that_breaks)
+    args = ["--warmup-steps", "0", "--windows", "1", "--window-steps", "1", *PEAK]
+    with pytest.raises(RuntimeError, match="a bug, not a limit"):
+        bench.main([*bench_overrides(multi30k_dir, tmp_path), *args])
+
+
+def test_comma_separated_values_sweep_like_train_multirun() -> None:
+    assert bench.sweep(["experiment=x", "attention=eager,sdpa", "data.concat=1,64", "a.b=[c,d]", "~x.y"]) == [
+        ["experiment=x", "attention=eager", "data.concat=1", "a.b=[c,d]", "~x.y"],
+        ["experiment=x", "attention=eager", "data.concat=64", "a.b=[c,d]", "~x.y"],
+        ["experiment=x", "attention=sdpa", "data.concat=1", "a.b=[c,d]", "~x.y"],
+        ["experiment=x", "attention=sdpa", "data.concat=64", "a.b=[c,d]", "~x.y"],
+    ]
+    assert bench.sweep(["+extra=1,2"]) == [["+extra=1"], ["+extra=2"]]
+
+
+def test_a_sweep_measures_each_configuration_in_turn(
+    multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides = bench_overrides(multi30k_dir, tmp_path)
+    out = tmp_path / "sweep.jsonl"
+    args = ["--warmup-steps", "0", "--windows", "1", "--window-steps", "1", "--out", str(out), *PEAK]
+    assert bench.main([*overrides, "optim.fused=false", "attention=eager,sdpa", *args]) == 0
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["attention"]["kernel"] for r in results] == ["eager", "sdpa"]
+    assert [r["overrides"][-1] for r in results] == ["attention=eager", "attention=sdpa"]
+    assert all(r["tokens_per_s"] > 0 for r in results)
+    assert capsys.readouterr().out.count(" tokens/s, ") == 2  # one summary line each, as each ends

@@ -37,6 +37,23 @@ def test_a_blank_side_alone_is_a_sentence_not_a_boundary() -> None:
     assert split_at_separator(joined["src"][0]) == ["a", "", "c"]
 
 
+def test_the_fingerprint_follows_from_the_input_and_k_without_hashing_the_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """datasets would fingerprint a new table by pickling it, which fails under Python 3.12 with
+    pyarrow 26 (seen on the GPU machine); the grouping names its own, the cache key of later maps."""
+    corpus, other = pairs(list("abcd"), list("ABCD")), pairs(list("abce"), list("ABCE"))
+
+    def refuse(*args: object, **kwargs: object) -> str:
+        raise AssertionError("the joined table was hashed")
+
+    monkeypatch.setattr(datasets.arrow_dataset, "generate_fingerprint", refuse)
+    first, again = concat_pairs(corpus, 2), concat_pairs(corpus, 2)
+    assert first._fingerprint == again._fingerprint
+    different = {concat_pairs(corpus, 3)._fingerprint, concat_pairs(other, 2)._fingerprint}
+    assert first._fingerprint not in different and len(different) == 2
+
+
 def test_k_of_one_is_the_corpus_itself_and_k_below_one_is_refused() -> None:
     corpus = pairs(["a", "b"], ["A", "B"])
     assert concat_pairs(corpus, 1) is corpus
