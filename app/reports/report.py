@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,8 @@ log = logging.getLogger(__name__)
 
 TITLE = "Ablation report"
 COLUMNS = (
-    "variant", "seeds", "params", "kv_bytes_per_token", "steps", "train_tokens_per_s", "peak_rss_mb",
-    "peak_gpu_mb", "bleu", "bleu_std", "bleu_lc", "bleu_lc_std", "chrf", "chrf_std",
+    "variant", "seeds", "params", "kv_bytes_per_token", "steps", "train_tokens_per_s", "step_tokens_per_s",
+    "peak_rss_mb", "peak_gpu_mb", "bleu", "bleu_std", "bleu_lc", "bleu_lc_std", "chrf", "chrf_std",
     "decode_sent_s_greedy", "decode_sent_s_beam5",
     "delta_bleu", "ci95", "p_value", "significant",
     "seeds_low", "seeds_high", "p_value_seeds", "significant_seeds",
@@ -95,6 +96,8 @@ def variant_row(
     ):
         mean, _ = mean_std(variant.result(key))
         row[column] = round(mean) if mean is not None else None
+    step_rates = [rate for run in variant.runs if (rate := run.step_tokens_per_s) is not None]
+    row["step_tokens_per_s"] = round(statistics.fmean(step_rates)) if step_rates else None
     for column in ("bleu", "bleu_lc", "chrf"):
         mean, std = mean_std(variant.result(f"test_{column}"))
         row[column] = round(mean, 2) if mean is not None else None
@@ -172,6 +175,9 @@ def header_lines(
         f"trained on: {trained_on(group)}",
         f"decoding speed: {describe_timing(speeds)}",
         *([f"attention maps: {attention_note}"] if attention_note else []),
+        "train_tokens_per_s: source + target tokens over the whole fit, validation included; "
+        "step_tokens_per_s: over the training steps alone (the median of the logged train/tokens_per_s), "
+        "what the length tables and the crossovers compare",
         f"kv_bytes_per_token: decoder self-attention cache bytes per generated token, all layers, "
         f"averaged over a {KV_LENGTH}-token output (each kernel's cache_bytes; window and fixed-state "
         "kernels grow less)",

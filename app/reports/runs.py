@@ -13,6 +13,7 @@ import csv
 import gzip
 import io
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,15 @@ class RunRecord:
         if self.error is not None or any(marker in self.log_tail for marker in ERROR_MARKERS):
             return "failed"
         return "missing"
+
+    @property
+    def step_tokens_per_s(self) -> float | None:
+        """Training tokens per second of the steps alone: the median of the logged ``train/tokens_per_s``
+        (one value per logging interval). results.json's ``train_tokens_per_s`` divides by the whole fit,
+        validation included, which at long inputs can be most of it (an untrained model decodes to the
+        length limit), so it ranks kernels by their decoding as much as by their training."""
+        rates = [row["train/tokens_per_s"] for row in self.metrics if "train/tokens_per_s" in row]
+        return statistics.median(rates) if rates else None
 
     @property
     def hypotheses(self) -> list[str] | None:

@@ -104,6 +104,7 @@ class TranslationModule(pl.LightningModule):
         self._valid_hyps: dict[int, list[int]] = {}
         self._valid_sums = torch.zeros(3, dtype=torch.float64)  # this rank's loss, nll, target tokens
         self._tokens_seen, self._clock = 0, time.perf_counter()
+        self._validation_began = self._clock
         # Target tokens (all ranks) of the micro-batches since the last optimizer step, and of its first.
         self._step_tokens, self._step_reference = 0.0, 0.0
         self.tokens_trained = 0  # real source + target tokens of every training batch so far, all ranks
@@ -197,6 +198,17 @@ class TranslationModule(pl.LightningModule):
         log.warning("skipping a batch with a non-finite loss (%s) at %s", value, where)
         self.log("train/skipped_batches", float(self.skipped_batches))
         return None
+
+    def on_train_start(self) -> None:
+        self._tokens_seen, self._clock = 0, time.perf_counter()  # set-up and the sanity check left out
+
+    def on_validation_start(self) -> None:
+        self._validation_began = time.perf_counter()
+
+    def on_validation_end(self) -> None:
+        """``train/tokens_per_s`` measures training steps: a validation's time (its decoding, which at
+        long inputs can outlast the steps between two validations) is moved out of the interval."""
+        self._clock += time.perf_counter() - self._validation_began
 
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
         if (batch_idx + 1) % max(self.trainer.log_every_n_steps, 1) == 0:
