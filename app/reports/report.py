@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,8 +95,8 @@ def variant_row(
     ):
         mean, _ = mean_std(variant.result(key))
         row[column] = round(mean) if mean is not None else None
-    step_rates = [rate for run in variant.runs if (rate := run.step_tokens_per_s) is not None]
-    row["step_tokens_per_s"] = round(statistics.fmean(step_rates)) if step_rates else None
+    step_rate, _ = mean_std([rate for run in variant.runs if (rate := run.step_tokens_per_s) is not None])
+    row["step_tokens_per_s"] = round(step_rate) if step_rate is not None else None
     for column in ("bleu", "bleu_lc", "chrf"):
         mean, std = mean_std(variant.result(f"test_{column}"))
         row[column] = round(mean, 2) if mean is not None else None
