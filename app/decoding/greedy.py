@@ -48,29 +48,39 @@ def token_search(
     banned: tuple[int, ...],
     choose,
 ) -> list[Hypothesis]:
-    """One hypothesis per sentence, built token by token with ``choose(log_probs (B, V)) -> ids (B,)``.
+    """One hypothesis per sentence, built token by token with ``choose(log_probs (b, V)) -> ids (b,)``.
 
-    Greedy search chooses the argmax, sampling draws from the distribution; both stop once every
-    sentence has produced EOS (finished rows keep emitting EOS, which is cut off afterwards).
+    Greedy search chooses the argmax, sampling draws from the distribution. A sentence leaves the batch
+    at its EOS: its rows of the decoder state are dropped (``select_rows``), so each step decodes only the
+    unfinished sentences, not every row up to the longest output (at batch 64 on Multi30k that was ~1.8x
+    the rows needed).
     """
-    batch = src.size(0)
+    batch, device = src.size(0), src.device
     state = model.start_decoding(model.encode(src))
-    tokens = torch.full((batch,), bos_id, dtype=torch.long, device=src.device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    steps: list[Tensor] = []
-    step_scores: list[Tensor] = []
+    limits = limits.to(device)
+    steps = int(limits.max())
+    ids = torch.full((batch, steps), eos_id, dtype=torch.long, device=device)  # after EOS: EOS, score 0
+    scores = torch.zeros(batch, steps, device=device)
+    tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)
+    live, live_limits = torch.arange(batch, device=device), limits  # (b,) the decoded rows' sentences
     limit_steps = frozenset(limits.tolist())
-    for step in range(int(limits.max())):
-        log_probs = model.decode_step(tokens, state)  # (B, V)
-        log_probs = constrain(log_probs, step, limits, eos_id, banned, limit_steps=limit_steps)
-        tokens = choose(log_probs).masked_fill(finished, eos_id)
-        steps.append(tokens)
-        step_scores.append(log_probs.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0))
-        finished |= tokens == eos_id
-        if bool(finished.all()):
-            break
-    ids, scores = torch.stack(steps, dim=1).tolist(), torch.stack(step_scores, dim=1).tolist()  # (B, T)
-    return [hypothesis(row, row_scores, eos_id) for row, row_scores in zip(ids, scores, strict=True)]
+    done = 0
+    for step in range(steps):
+        log_probs = model.decode_step(tokens, state)  # (b, V)
+        log_probs = constrain(log_probs, step, live_limits, eos_id, banned, limit_steps=limit_steps)
+        tokens = choose(log_probs)
+        ids[live, step] = tokens
+        scores[live, step] = log_probs.gather(1, tokens[:, None])[:, 0].float()
+        done = step + 1
+        going = tokens != eos_id
+        if not bool(going.all()):
+            if not bool(going.any()):
+                break
+            kept = going.nonzero().squeeze(1)
+            state.select_rows(kept)
+            live, live_limits, tokens = live[kept], live_limits[kept], tokens[kept]
+    rows, row_scores = ids[:, :done].tolist(), scores[:, :done].tolist()  # (B, T)
+    return [hypothesis(r, s, eos_id) for r, s in zip(rows, row_scores, strict=True)]
 
 
 def hypothesis(ids: list[int], scores: list[float], eos_id: int) -> Hypothesis:

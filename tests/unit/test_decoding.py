@@ -303,3 +303,27 @@ def test_length_penalty_decides_between_short_and_long(alpha: float, expected: l
     )
     src, limits = torch.tensor([[A, EOS]]), torch.tensor([10])
     assert beam(model, src, limits, k=4, alpha=alpha) == [expected]
+
+
+def test_greedy_drops_finished_sentences_and_decodes_each_as_alone(
+    model: Transformer, src: torch.Tensor
+) -> None:
+    """A sentence leaves the batch at its EOS: each step decodes only the unfinished rows, and every
+    output equals the sentence decoded on its own."""
+    limits = default_limits(src)
+    rows: list[int] = []
+    step = model.decode_step
+
+    def counted(tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        rows.append(tokens.size(0))
+        return step(tokens, state)
+
+    model.decode_step = counted  # instance attribute: this test's model only
+    try:
+        batched = greedy(model, src, limits)
+    finally:
+        del model.decode_step
+    ends = sorted(len(h) + 1 for h in batched)  # the step at which each sentence produced EOS
+    assert rows == [sum(end > t for end in ends) for t in range(ends[-1])]
+    alone = [greedy(model, src[i : i + 1], limits[i : i + 1])[0] for i in range(src.size(0))]
+    assert batched == alone

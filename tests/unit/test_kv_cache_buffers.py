@@ -1,0 +1,80 @@
+"""A growing KV cache holds a beam reorder back and gathers the kept rows into the next append.
+
+The reference for every case is the plain cache: ``index_select`` on reorder, then ``torch.cat``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from app.attention import KVCache
+
+
+def step(rows: int, t: int = 1, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 2, t, 4, generator=gen), torch.randn(rows, 2, t, 4, generator=gen)
+
+
+def test_reorders_then_appends_equal_selection_then_concatenation() -> None:
+    cache, k_ref, v_ref = KVCache(), None, None
+    index_gen = torch.Generator().manual_seed(1)
+    rows = 6
+    for n in range(12):
+        k, v = step(rows, t=3 if n == 0 else 1, seed=n)  # a prompt of 3 positions, then one per step
+        k_out, v_out = cache.append(k, v)
+        k_ref = k if k_ref is None else torch.cat([k_ref, k], dim=2)
+        v_ref = v if v_ref is None else torch.cat([v_ref, v], dim=2)
+        assert torch.equal(k_out, k_ref) and torch.equal(v_out, v_ref)
+        for _ in range(1 + n % 2):  # beam search: rows repeat and move; sometimes a sentence leaves
+            rows = rows - 1 if n == 8 else rows
+            index = torch.randint(0, k_ref.size(0), (rows,), generator=index_gen)
+            cache.reorder(index)
+            k_ref, v_ref = k_ref.index_select(0, index), v_ref.index_select(0, index)
+    assert cache.pending is not None and cache.length() == 14
+    assert torch.equal(cache.k, k_ref) and torch.equal(cache.v, v_ref)  # reading applies the reorder
+    assert cache.pending is None
+
+
+def test_a_reorder_is_gathered_into_the_append_not_copied_twice() -> None:
+    cache = KVCache()
+    cache.append(*step(4, t=5, seed=0))
+    cache.reorder(torch.tensor([3, 3, 0, 1]))
+    before = cache._k  # noqa: SLF001 - the held tensor: no copy has been made yet
+    assert cache.pending is not None and cache._k is before  # noqa: SLF001
+    k, _ = cache.append(*step(4, seed=1))
+    assert cache.pending is None and k.is_contiguous() and k.shape == (4, 2, 6, 4)
+    assert torch.equal(k[:, :, :5], before[[3, 3, 0, 1]])
+
+
+def test_tensors_set_from_outside_replace_the_held_rows() -> None:
+    """The compiled step reads ``k``/``v`` (reorder applied) and writes its own back."""
+    cache = KVCache()
+    k0, v0 = step(2, t=3, seed=0)
+    cache.append(k0, v0)
+    cache.reorder(torch.tensor([1, 0]))
+    assert torch.equal(cache.k, k0[[1, 0]]) and torch.equal(cache.v, v0[[1, 0]])
+    cache.reorder(torch.tensor([1, 1]))
+    replacement = step(2, t=4, seed=1)
+    cache.k, cache.v = replacement
+    assert cache.pending is None and cache.k is replacement[0] and cache.v is replacement[1]
+
+
+def test_gradients_flow_through_a_cache_that_reorders() -> None:
+    keys = torch.randn(2, 2, 5, 4, requires_grad=True)
+    cache = KVCache()
+    for t in range(5):
+        cache.append(keys[:, :, t : t + 1], keys[:, :, t : t + 1] * 2)
+        cache.reorder(torch.tensor([0, 0]))
+        assert cache.pending is None  # applied at once: no held-back copies on the autograd tape
+    (cache.k.sum() + cache.v.sum()).backward()
+    assert keys.grad[0].sum() > 0 and torch.equal(keys.grad[1], torch.zeros_like(keys.grad[1]))
+
+
+def test_static_and_windowed_caches_reorder_at_once() -> None:
+    window = KVCache(max_len=3)
+    for n in range(6):
+        window.append(*step(2, seed=n))
+    window.reorder(torch.tensor([1, 0]))
+    static = KVCache(static=True, k=torch.randn(2, 2, 4, 4), v=torch.randn(2, 2, 4, 4))
+    static.reorder(torch.tensor([1, 0]))
+    assert window.pending is None and static.pending is None and window.length() == 3
