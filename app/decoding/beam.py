@@ -15,7 +15,7 @@ from torch import Tensor
 
 from app.decoding.greedy import constrain
 from app.decoding.hypothesis import Hypothesis
-from app.models.seq2seq import Seq2Seq
+from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
 
 
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
@@ -135,13 +135,13 @@ def beam_hypotheses(
     if not 1 <= nbest <= k:
         raise ValueError(f"nbest={nbest} must be between 1 and the beam size {k}")
     encoded = model.encode(src)
-    state = model.start_beams(encoded, k)  # rows (B*K,): sentence by sentence, K beams each
     beams = Beams.start(limits.to(src.device), k, bos_id)
+    state, first = start_state(model, encoded, k, bos_id)
     finished = [Finished() for _ in range(src.size(0))]
     done = torch.zeros(src.size(0), dtype=torch.long, device=src.device)  # finished hypotheses per sentence
     limit_steps = frozenset(limits.tolist())  # every row's limit is one of these, however rows leave
     for step in range(int(limits.max())):
-        log_probs = model.decode_step(beams.tokens, state)  # (b*K, V)
+        log_probs = first if step == 0 and first is not None else model.decode_step(beams.tokens, state)
         log_probs = constrain(log_probs, step, beams.limits, eos_id, banned, limit_steps=limit_steps)
         cand_scores, cand_beam, cand_token = top_candidates(beams.scores, log_probs, k)
         collect_finished(finished, done, beams, cand_scores, cand_beam, cand_token, log_probs, eos_id, alpha)
@@ -152,6 +152,25 @@ def beam_hypotheses(
         if not bool(live.all()):
             state.select_rows(beams.keep_sentences(live))
     return [f.nbest(nbest) for f in finished]
+
+
+def start_state(
+    model: Seq2Seq, encoded: EncoderOutput, k: int, bos_id: int
+) -> tuple[DecoderState, Tensor | None]:
+    """The decoder state with K rows per sentence (B*K,), sentence by sentence, and the first step's
+    log-probabilities (B*K, V) where they are computed already (else None: the search computes them).
+
+    All K beams of a sentence start from BOS with the same state, so where the model can widen a state
+    (``widens_beams``) the first step decodes one row per sentence, then the state is widened: the first
+    step costs a K-th of the work, and the outputs are the same.
+    """
+    if k == 1 or not model.widens_beams:
+        return model.start_beams(encoded, k), None
+    state = model.start_decoding(encoded)
+    bos = torch.full((encoded.memory.size(0),), bos_id, dtype=torch.long, device=encoded.memory.device)
+    log_probs = model.decode_step(bos, state)  # (B, V)
+    model.widen_beams(state, k)
+    return state, log_probs.repeat_interleave(k, dim=0)
 
 
 def top_candidates(scores: Tensor, log_probs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:

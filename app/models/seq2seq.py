@@ -69,6 +69,8 @@ class Seq2Seq(nn.Module, ABC):
     def start_decoding(self, encoded: EncoderOutput) -> DecoderState:
         """A fresh decoder state for the batch ``encoded`` (caches empty, step 0)."""
 
+    widens_beams = False  # whether :meth:`widen_beams` can widen a state after beam search's first step
+
     def start_beams(self, encoded: EncoderOutput, beams: int) -> DecoderState:
         """A decoder state with ``beams`` consecutive rows per sentence of ``encoded`` (beam search).
 
@@ -77,6 +79,13 @@ class Seq2Seq(nn.Module, ABC):
         """
         rows = torch.arange(encoded.memory.size(0), device=encoded.memory.device).repeat_interleave(beams)
         return self.start_decoding(encoded.take_rows(rows))  # (B*K,) rows, sentence by sentence
+
+    def widen_beams(self, state: DecoderState, beams: int) -> None:
+        """Turn ``state``, decoded with one row per sentence so far, into ``beams`` rows per sentence, as
+        :meth:`start_beams` would have them after the same steps. Only where ``widens_beams``; elsewhere
+        beam search decodes its first step with all K rows (K-1 of them copies of the first).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot widen a decoder state to beams")
 
     @abstractmethod
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:

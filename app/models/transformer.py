@@ -291,6 +291,21 @@ class Transformer(Seq2Seq):
         state.group = beams
         return state
 
+    widens_beams = True
+
+    def widen_beams(self, state: TransformerState, beams: int) -> None:
+        """Each row's self-attention caches repeated ``beams`` times (held back until the next step's append,
+        see :class:`KVCache`); cross-attention caches shared by a sentence's beams where the kernel
+        ``shares_keys``, repeated otherwise: the layout :meth:`start_beams` gives."""
+        rows = torch.arange(state.memory.size(0), device=state.memory.device).repeat_interleave(beams)
+        for layer, cache in zip(self.decoder, state.caches, strict=True):
+            cache.self_attn.reorder(rows)
+            if layer.cross_attn.kernel.capabilities.shares_keys:
+                cache.cross_attn.group = beams
+            else:
+                cache.cross_attn.reorder(rows)
+        state.group = beams
+
     def decode_step(self, tokens: Tensor, state: TransformerState, need_weights: bool = False) -> Tensor:
         """Log-probabilities (B, V) of the next token after ``tokens`` (B,); compiled where enabled
         (:meth:`compile_steps`), else :meth:`eager_decode_step`."""

@@ -327,3 +327,31 @@ def test_greedy_drops_finished_sentences_and_decodes_each_as_alone(
     assert rows == [sum(end > t for end in ends) for t in range(ends[-1])]
     alone = [greedy(model, src[i : i + 1], limits[i : i + 1])[0] for i in range(src.size(0))]
     assert batched == alone
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_beam_search_decodes_its_first_step_once_per_sentence(
+    model: Transformer, src: torch.Tensor, k: int
+) -> None:
+    """All K beams start from BOS with one state: the first step runs one row per sentence, the state is
+    widened to K rows after it, and the hypotheses are those of decoding K rows from the start."""
+    limits = default_limits(src)
+    rows: list[int] = []
+    step = model.decode_step
+
+    def counted(tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        rows.append(tokens.size(0))
+        return step(tokens, state)
+
+    model.decode_step = counted
+    try:
+        widened, widened_rows = beam(model, src, limits, k=k), rows.copy()
+        rows.clear()
+        model.widens_beams = False  # the other path: start_beams, K rows from the first step
+        unwidened = beam(model, src, limits, k=k)
+    finally:
+        del model.decode_step, model.widens_beams
+    batch = src.size(0)
+    assert widened_rows[:2] == [batch, batch * k] and rows[0] == batch * k
+    assert widened_rows[1:] == rows[1:]
+    assert widened == unwidened

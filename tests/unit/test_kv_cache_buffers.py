@@ -39,8 +39,8 @@ def test_a_reorder_is_gathered_into_the_append_not_copied_twice() -> None:
     cache = KVCache()
     cache.append(*step(4, t=5, seed=0))
     cache.reorder(torch.tensor([3, 3, 0, 1]))
-    before = cache._k  # noqa: SLF001 - the held tensor: no copy has been made yet
-    assert cache.pending is not None and cache._k is before  # noqa: SLF001
+    before = cache._k  # the held tensor: no copy has been made yet
+    assert cache.pending is not None and cache._k is before
     k, _ = cache.append(*step(4, seed=1))
     assert cache.pending is None and k.is_contiguous() and k.shape == (4, 2, 6, 4)
     assert torch.equal(k[:, :, :5], before[[3, 3, 0, 1]])
