@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -305,12 +306,9 @@ def test_length_penalty_decides_between_short_and_long(alpha: float, expected: l
     assert beam(model, src, limits, k=4, alpha=alpha) == [expected]
 
 
-def test_greedy_drops_finished_sentences_and_decodes_each_as_alone(
-    model: Transformer, src: torch.Tensor
-) -> None:
-    """A sentence leaves the batch at its EOS: each step decodes only the unfinished rows, and every
-    output equals the sentence decoded on its own."""
-    limits = default_limits(src)
+@contextlib.contextmanager
+def rows_per_step(model: Transformer) -> Iterator[list[int]]:
+    """The rows (batch size) of every decoding step ``model`` runs inside the block."""
     rows: list[int] = []
     step = model.decode_step
 
@@ -318,11 +316,21 @@ def test_greedy_drops_finished_sentences_and_decodes_each_as_alone(
         rows.append(tokens.size(0))
         return step(tokens, state)
 
-    model.decode_step = counted  # instance attribute: this test's model only
+    model.decode_step = counted  # instance attribute: this model only, removed afterwards
     try:
-        batched = greedy(model, src, limits)
+        yield rows
     finally:
         del model.decode_step
+
+
+def test_greedy_drops_finished_sentences_and_decodes_each_as_alone(
+    model: Transformer, src: torch.Tensor
+) -> None:
+    """A sentence leaves the batch at its EOS: each step decodes only the unfinished rows, and every
+    output equals the sentence decoded on its own."""
+    limits = default_limits(src)
+    with rows_per_step(model) as rows:
+        batched = greedy(model, src, limits)
     ends = sorted(len(h) + 1 for h in batched)  # the step at which each sentence produced EOS
     assert rows == [sum(end > t for end in ends) for t in range(ends[-1])]
     alone = [greedy(model, src[i : i + 1], limits[i : i + 1])[0] for i in range(src.size(0))]
@@ -336,21 +344,14 @@ def test_beam_search_decodes_its_first_step_once_per_sentence(
     """All K beams start from BOS with one state: the first step runs one row per sentence, the state is
     widened to K rows after it, and the hypotheses are those of decoding K rows from the start."""
     limits = default_limits(src)
-    rows: list[int] = []
-    step = model.decode_step
-
-    def counted(tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        rows.append(tokens.size(0))
-        return step(tokens, state)
-
-    model.decode_step = counted
+    with rows_per_step(model) as widened_rows:
+        widened = beam(model, src, limits, k=k)
+    model.widens_beams = False  # the other path: start_beams, K rows from the first step
     try:
-        widened, widened_rows = beam(model, src, limits, k=k), rows.copy()
-        rows.clear()
-        model.widens_beams = False  # the other path: start_beams, K rows from the first step
-        unwidened = beam(model, src, limits, k=k)
+        with rows_per_step(model) as rows:
+            unwidened = beam(model, src, limits, k=k)
     finally:
-        del model.decode_step, model.widens_beams
+        del model.widens_beams
     batch = src.size(0)
     assert widened_rows[:2] == [batch, batch * k] and rows[0] == batch * k
     assert widened_rows[1:] == rows[1:]
