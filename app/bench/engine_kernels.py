@@ -47,6 +47,7 @@ from app.inference.languages import with_languages
 from app.inference.translator import Translator
 from app.models import build_model
 from app.models.seq2seq import Seq2Seq
+from app.models.weight_layout import store_column_major
 
 
 @dataclass
@@ -271,6 +272,7 @@ def open_kernel_engines(
                 continue
             if not any(kind in CT2_QUANTIZATION for kind in kinds):
                 variant.ct2_refused = None  # not asked for: nothing to report
+            store_column_major(loaded.model)  # as load_translator does: the torch engine as users get it
             translator = Translator(
                 loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=variant.checkpoint
             )

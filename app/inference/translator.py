@@ -35,6 +35,7 @@ from app.inference.engine import (
 from app.models.compiled_step import CompiledSteps, compile_decoding
 from app.models.ensemble import Ensemble
 from app.models.seq2seq import Seq2Seq
+from app.models.weight_layout import store_column_major
 
 PathLike = str | os.PathLike[str]
 
@@ -253,6 +254,8 @@ def load_translator(
             check_same_vocabulary(loaded, path, member, other)
             members.append(member.model)
         model = Ensemble(members).eval()
+    if torch.device(device).type == "cpu":
+        store_column_major(model)  # decoding streams the weights: the layout GEMM reads fastest
     translator = Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path))
     translator.compile(compile)
     return translator, loaded.config
