@@ -84,6 +84,8 @@ CASES = {
     "causal_padded": Case(padded=True, causal=True),
     "causal_tq_lt_tk": Case(tq=3, tk=7, causal=True),
     "incremental_step": Case(tq=1, tk=6, causal=True, padded=True),
+    "incremental_step_gqa": Case(kv_heads=2, tq=1, tk=6, causal=True),  # sdpa's explicit CPU path
+    "cross_step": Case(tq=1, tk=6, padded=True),  # a decoding step's cross-attention
     "gqa_2_of_4": Case(kv_heads=2, tq=4, tk=6, padded=True, causal=True),
     "mqa_1_of_4": Case(kv_heads=1, tq=4, tk=6, padded=True),
     "mqa_causal": Case(kv_heads=1, causal=True),
