@@ -84,7 +84,7 @@ CASES = {
     "causal_padded": Case(padded=True, causal=True),
     "causal_tq_lt_tk": Case(tq=3, tk=7, causal=True),
     "incremental_step": Case(tq=1, tk=6, causal=True, padded=True),
-    "incremental_step_gqa": Case(kv_heads=2, tq=1, tk=6, causal=True),  # sdpa's explicit CPU path
+    "incremental_step_gqa": Case(kv_heads=2, tq=1, tk=6, causal=True),
     "cross_step": Case(tq=1, tk=6, padded=True),  # a decoding step's cross-attention
     "gqa_2_of_4": Case(kv_heads=2, tq=4, tk=6, padded=True, causal=True),
     "mqa_1_of_4": Case(kv_heads=1, tq=4, tk=6, padded=True),
@@ -122,6 +122,18 @@ def test_kernel_matches_reference_forward_and_gradients(name: str, case: Case) -
     ref_grads = torch.autograd.grad(expected, ref_inputs, grad_out)
     for got, want, label in zip(grads, ref_grads, "qkv", strict=True):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10, msg=lambda m, n=label: f"d{n}: {m}")
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_sdpa_single_queries_of_many_rows_match_reference(kv_heads: int) -> None:
+    """Above 256 (row, head) pairs a single-query step takes sdpa's explicit CPU path: the same function."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(80, 4, 1, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(80, kv_heads, 6, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    key_mask = torch.arange(6)[None, :] < torch.randint(1, 7, (80,), generator=gen)[:, None]
+    for mask, causal in ((key_mask, False), (None, True)):
+        out = build_kernel("sdpa")(q, k, v, key_mask=mask, causal=causal).context
+        torch.testing.assert_close(out, reference_attention(q, k, v, mask, causal), rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", KERNELS)

@@ -10,10 +10,12 @@ from app.attention.kernels.eager import EagerAttention
 from app.attention.masks import attention_mask
 from app.attention.registry import register_kernel
 
-# One query row per sentence (a cached decoding step) on a CPU: the reference kernel's two plain products
-# beat the fused call, ~4x at 320 rows x 4 heads x 30 cached keys (3.4 against 0.86 ms, one thread), where
-# the fused kernel's blocking has nothing to tile. Same function; stateless, so shared.
+# One query row per sentence (a cached decoding step) of many sentences on a CPU: the fused call pays a fixed
+# cost per (row, head) pair, so above ~256 pairs the reference kernel's two batched products win: 0.83 against
+# 2.59 ms at 320 rows x 4 heads x 30 keys, even at 64 x 4 x 15, slower at one row (20 against 6 us; one
+# thread, scripts/bench_attention.py's shapes by hand). Same function; stateless, so shared.
 _EXPLICIT = EagerAttention()
+EXPLICIT_FROM_PAIRS = 256
 
 
 @register_kernel("sdpa")
@@ -39,7 +41,12 @@ class SDPAttention(AttentionKernel):
         if need_weights:
             raise ValueError("the sdpa kernel cannot return attention weights; use kernel=eager")
         tq, tk = q.size(2), k.size(2)
-        if tq == 1 and dropout_p == 0.0 and q.device.type == "cpu":
+        if (
+            tq == 1
+            and q.size(0) * q.size(1) > EXPLICIT_FROM_PAIRS
+            and dropout_p == 0.0
+            and q.device.type == "cpu"
+        ):
             return _EXPLICIT(q, k, v, key_mask=key_mask, causal=causal)
         causal = causal and tq > 1  # one query (cached decoding) sits at the last key: it sees them all
         gqa = k.size(1) != q.size(1)
