@@ -1,0 +1,89 @@
+"""The operations of a decoding step at few rows, timed apart: why decoding stores Linear weights
+column-major (:mod:`app.models.weight_layout`) and when ``sdpa`` takes its explicit single-query path.
+
+1. **Linear layouts.** One step's linears of a Transformer decoder (per layer: six d x d projections, the
+   feed-forward pair) and the output layer, called in turn as a step calls them, with each weight stored
+   (out, in) as ``nn.Linear`` trains it and column-major as decoding stores it; per row count.
+2. **Single-query attention.** ``F.scaled_dot_product_attention`` against the reference kernel's two
+   batched products for one query row per sentence (a cached decoding step), per row count.
+
+    python scripts/bench_step_ops.py                        # the length sweep's shapes, one thread
+    python scripts/bench_step_ops.py --d-model 512 --layers 6 --vocab 32000 --rows 1 5 64
+
+Medians of ``--repeats`` timed calls after warm-up, milliseconds; the CPU model and flags are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from app.attention.kernels.eager import EagerAttention
+from app.bench.timing import median_ms
+from app.hardware import cpu_description
+
+CPU = torch.device("cpu")
+
+
+def step_weights(d_model: int, d_ff: int, layers: int, vocab: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weight (out, in), bias) of one decoder step's linears, in call order, random."""
+    shapes = [(d_model, d_model)] * 6 + [(d_ff, d_model), (d_model, d_ff)]
+    found = [(torch.randn(out, inp), torch.randn(out)) for _ in range(layers) for out, inp in shapes]
+    return [*found, (torch.randn(vocab, d_model), torch.zeros(vocab))]
+
+
+def linear_ms(weights: list[tuple[torch.Tensor, torch.Tensor]], rows: int, repeats: int) -> float:
+    """Milliseconds for one pass of ``F.linear`` over ``weights`` with ``rows`` input rows."""
+    inputs = {w.size(1): torch.randn(rows, w.size(1)) for w, _ in weights}
+
+    def step() -> None:
+        for weight, bias in weights:
+            F.linear(inputs[weight.size(1)], weight, bias)
+
+    return median_ms(step, repeats=repeats, warmup=3, device=CPU)
+
+
+def attention_ms(rows: int, heads: int, keys: int, head_dim: int, repeats: int) -> tuple[float, float]:
+    """Milliseconds of a single-query step through the fused call and through the explicit products."""
+    q = torch.randn(rows, heads, 1, head_dim)
+    k, v = torch.randn(rows, heads, keys, head_dim), torch.randn(rows, heads, keys, head_dim)
+    explicit = EagerAttention()
+    fused = median_ms(lambda: F.scaled_dot_product_attention(q, k, v), repeats=repeats, warmup=3, device=CPU)
+    plain = median_ms(lambda: explicit(q, k, v), repeats=repeats, warmup=3, device=CPU)
+    return fused, plain
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--d-ff", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--keys", type=int, default=30, help="cached positions a single query attends")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 320])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cpu = cpu_description()
+    flags = ", ".join(cpu["cpu_flags"])
+    print(f"CPU: {cpu['cpu_model']} ({flags}); torch {torch.__version__}, {args.threads} thread(s)")
+    weights = step_weights(args.d_model, args.d_ff, args.layers, args.vocab)
+    moved = [(w.t().contiguous().t(), b) for w, b in weights]
+    print("\n| rows | linears (out, in) ms | column-major ms | ratio |\n|---:|---:|---:|---:|")
+    for rows in args.rows:
+        before, after = linear_ms(weights, rows, args.repeats), linear_ms(moved, rows, args.repeats)
+        print(f"| {rows} | {before:.3f} | {after:.3f} | {before / after:.2f}x |")
+    head_dim = args.d_model // args.heads
+    print(
+        f"\n| rows x {args.heads} heads, {args.keys} keys | sdpa fused ms | explicit ms | fused / explicit |"
+    )
+    print("|---:|---:|---:|---:|")
+    for rows in args.rows:
+        fused, plain = attention_ms(rows, args.heads, args.keys, head_dim, args.repeats)
+        print(f"| {rows} | {fused:.4f} | {plain:.4f} | {fused / plain:.2f}x |")
+    return 0
