@@ -11,9 +11,9 @@ from app.attention.masks import attention_mask
 from app.attention.registry import register_kernel
 
 # One query row per sentence (a cached decoding step) of many sentences on a CPU: the fused call pays a fixed
-# cost per (row, head) pair, so above ~256 pairs the reference kernel's two batched products win: 0.83 against
-# 2.59 ms at 320 rows x 4 heads x 30 keys, even at 64 x 4 x 15, slower at one row (20 against 6 us; one
-# thread, scripts/bench_attention.py's shapes by hand). Same function; stateless, so shared.
+# cost per (row, head) pair, so above ~256 pairs the reference kernel's two batched products win (2.9x at
+# 320 rows x 4 heads x 30 keys), below they lose (3x slower at one row): scripts/bench_step_ops.py, one
+# thread. Same function; stateless, so shared.
 _EXPLICIT = EagerAttention()
 EXPLICIT_FROM_PAIRS = 256
 
