@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from app.decoding.candidates import top_candidates
 from app.decoding.greedy import constrain
 from app.decoding.hypothesis import Hypothesis
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
@@ -171,15 +172,6 @@ def start_state(
     log_probs = model.decode_step(bos, state)  # (B, V)
     model.widen_beams(state, k)
     return state, log_probs.repeat_interleave(k, dim=0)
-
-
-def top_candidates(scores: Tensor, log_probs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The 2K best continuations per sentence: (scores, source beam, token), each (B, 2K)."""
-    batch = scores.size(0)
-    vocab = log_probs.size(-1)
-    total = scores[:, :, None] + log_probs.view(batch, k, vocab)  # (B, K, V)
-    cand_scores, flat = total.view(batch, -1).topk(min(2 * k, k * vocab), dim=1)
-    return cand_scores, flat // vocab, flat % vocab
 
 
 def surviving_candidates(cand_token: Tensor, eos_id: int, k: int) -> Tensor:
