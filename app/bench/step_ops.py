@@ -6,6 +6,9 @@ column-major (:mod:`app.models.weight_layout`) and when ``sdpa`` takes its expli
    (out, in) as ``nn.Linear`` trains it and column-major as decoding stores it; per row count.
 2. **Single-query attention.** ``F.scaled_dot_product_attention`` against the reference kernel's two
    batched products for one query row per sentence (a cached decoding step), per row count.
+3. **Beam candidates.** The 2K best continuations of each sentence from its K rows of V log-probabilities,
+   ranked directly (``topk`` over K*V shifted scores) and through chunk maxima
+   (:mod:`app.decoding.candidates`), per row count that is a multiple of the beam.
 
     python scripts/bench_step_ops.py                        # the length sweep's shapes, one thread
     python scripts/bench_step_ops.py --d-model 512 --layers 6 --vocab 32000 --rows 1 5 64
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 
 from app.attention.kernels.eager import EagerAttention
 from app.bench.timing import median_ms
+from app.decoding.candidates import chunk_width, ranked_directly, top_candidates
 from app.hardware import cpu_description
 
 CPU = torch.device("cpu")
@@ -55,6 +59,26 @@ def attention_ms(rows: int, heads: int, keys: int, head_dim: int, repeats: int) 
     return fused, plain
 
 
+def candidates_ms(rows: int, beam: int, vocab: int, repeats: int) -> tuple[float, float]:
+    """Milliseconds to rank one beam step's candidates directly and by chunks (``rows`` = sentences x beam);
+    the two must pick the same candidates (random scores have no ties)."""
+    scores = -5 * torch.rand(rows // beam, beam)
+    log_probs = torch.log_softmax(3 * torch.randn(rows, vocab), dim=-1)
+    width = min(2 * beam, beam * vocab)
+    direct = ranked_directly(scores, log_probs, beam, width)
+    if not all(
+        torch.equal(a, b) for a, b in zip(direct, top_candidates(scores, log_probs, beam), strict=True)
+    ):
+        raise AssertionError("chunked ranking picked other candidates than topk over every score")
+    plain = median_ms(
+        lambda: ranked_directly(scores, log_probs, beam, width), repeats=repeats, warmup=3, device=CPU
+    )
+    chunked = median_ms(
+        lambda: top_candidates(scores, log_probs, beam), repeats=repeats, warmup=3, device=CPU
+    )
+    return plain, chunked
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--d-model", type=int, default=256)
@@ -64,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--keys", type=int, default=30, help="cached positions a single query attends")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 320])
+    parser.add_argument("--beam", type=int, default=5, help="beam width of the candidate ranking table")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
@@ -86,4 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     for rows in args.rows:
         fused, plain = attention_ms(rows, args.heads, args.keys, head_dim, args.repeats)
         print(f"| {rows} | {fused:.4f} | {plain:.4f} | {fused / plain:.2f}x |")
+    print(
+        f"\n| rows (beam {args.beam}), {args.vocab} subwords, chunks of {chunk_width(args.vocab)} "
+        "| topk over K*V ms | by chunks ms | ratio |"
+    )
+    print("|---:|---:|---:|---:|")
+    for rows in (r for r in args.rows if r % args.beam == 0):
+        plain, chunked = candidates_ms(rows, args.beam, args.vocab, args.repeats)
+        print(f"| {rows} | {plain:.3f} | {chunked:.3f} | {plain / chunked:.2f}x |")
     return 0
