@@ -5,13 +5,16 @@
     python scripts/bench_decode.py runs/rnn_additive/checkpoints/best.ckpt         # beams 1 and 5
     python scripts/bench_decode.py CKPT --beams 1 5 10 --batch-size 64 --threads 1 --json out.json
     python scripts/bench_decode.py CKPT --source my.de --limit 200                         # another file
+    python scripts/bench_decode.py CKPT --beams 5 --threads 1 --breakdown      # encoder / steps / search
 
 The source file defaults to the test split named in the checkpoint's config (``data.files.test.src``,
 relative to the repository root). Each setting translates every sentence once after a warm-up batch;
 the time covers tokenization, batching, search and detokenization, as ``translate.py`` would spend it
 (measured by :func:`app.inference.evaluate.evaluate`, as training's test scores are).
 Also printed: the BLEU of each output when the config's reference file exists, so a faster setting
-that translates worse is visible.
+that translates worse is visible. ``--breakdown`` translates once more per setting with the model's
+encoder and decoder steps timed apart (:mod:`app.bench.decode_split`): what is left is the search's own
+work and the text handling.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ import gzip
 import json
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from app.bench.decode_split import timed_parts
 from app.bench.timing import REPO_ROOT
 from app.inference.engine import SearchSettings
 from app.inference.evaluate import evaluate
-from app.inference.translator import load_translator
+from app.inference.translator import Translator, load_translator
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,6 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: PyTorch's choice)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also time the encoder, decoder steps and search apart"
+    )
     return parser.parse_args(argv)
 
 
@@ -62,6 +70,15 @@ def test_files(config: dict[str, Any]) -> tuple[Path | None, Path | None]:
     files = (config.get("data") or {}).get("files") or {}
     test = files.get("test") or {}
     return tuple(REPO_ROOT / test[side] if test.get(side) else None for side in ("src", "tgt"))
+
+
+def time_parts(translator: Translator, sentences: list[str], settings: SearchSettings) -> dict:
+    """One more translation of ``sentences``, its seconds split into encoder, decoder steps and the rest."""
+    with timed_parts(translator.model) as split:
+        started = time.perf_counter()
+        translator.translate(sentences, settings)
+        total = time.perf_counter() - started
+    return split.as_row(total)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if evaluation.scores is not None:
             row["bleu"] = round(evaluation.scores.bleu, 2)
+        if args.breakdown:
+            row["breakdown"] = time_parts(translator, sentences, settings)
         results.append(row)
         print(json.dumps(row))
     summary = {

@@ -54,3 +54,37 @@ def test_bench_decode_without_a_source_is_a_clear_error(
     checkpoint_factory(checkpoint, model_cfg=TINY_RNN, attention_cfg=ATTENTIONS["additive"])
     assert decoding.main([str(checkpoint)]) == 2  # the factory's config names no test files
     assert "pass --source" in capsys.readouterr().err
+
+
+def test_breakdown_splits_each_beams_time_into_encoder_steps_and_the_rest(
+    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = tmp_path / "rnn.ckpt"
+    checkpoint_factory(checkpoint, model_cfg=TINY_RNN, attention_cfg=ATTENTIONS["additive"])
+    source = tmp_path / "src.de"
+    source.write_text("Ein Hund läuft.\nZwei Männer.\nEine Frau liest ein Buch.\n", encoding="utf-8")
+    args = [str(checkpoint), "--beams", "1", "3", "--max-len", "6", "--threads", "1", "--source", str(source)]
+    assert decoding.main([*args, "--breakdown"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for row in rows:
+        split = row["breakdown"]
+        assert split["encode_s"] > 0 and split["steps_s"] > 0 and split["rest_s"] >= 0
+        assert split["encode_s"] + split["steps_s"] <= split["seconds"]
+        assert 1 <= split["steps"] <= 6 * 3  # at most max_len steps per batch (3 sentences: one batch)
+    greedy, beam = (row["breakdown"] for row in rows)
+    assert greedy["rows"] <= 3 * greedy["steps"] and beam["rows"] > greedy["rows"]
+
+
+def test_timed_parts_counts_steps_and_rows_and_restores_the_model(
+    make_transformer: Callable[..., torch.nn.Module],
+) -> None:
+    from app.bench.decode_split import timed_parts
+    from app.decoding import greedy_search
+
+    model = make_transformer(src_vocab_size=20, tgt_vocab_size=20, seed=1).eval()
+    src = torch.randint(4, 20, (3, 5))
+    limits = torch.tensor([4, 4, 4])
+    with timed_parts(model) as split:
+        greedy_search(model, src, bos_id=2, eos_id=3, limits=limits)
+    assert split.steps >= 1 and 1 <= split.rows <= 3 * split.steps and split.encode_s > 0
+    assert "encode" not in model.__dict__ and "decode_step" not in model.__dict__
