@@ -6,7 +6,8 @@ version. Each round starts one process per version, the order alternating, and e
 greedy and beam 5 at batch 64 and greedy at batch 1 (one call per sentence) on one thread, for the torch
 engine and for the CTranslate2 float32 export (the same export for both). The table keeps medians over
 rounds (CTranslate2's over every process), speeds relative to CTranslate2, and how many outputs of the
-two versions are identical.
+two versions are identical; below it, the lowest and highest after/before ratio of a single round, the
+noise a difference must stand out from (each round's seconds are in the JSON).
 """
 
 from __future__ import annotations
@@ -129,8 +130,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for case, _, _ in CASES
     }
     flags = sorted(set(FLAGS) & cpu_flags())
+    by_round: dict[str, dict[str, list[float]]] = {}
+    for (name, case), values in seconds.items():
+        by_round.setdefault(name, {})[case] = [round(v, 4) for v in values]
     return {
         "rows": rows,
+        "round_seconds": by_round,  # each round's seconds per engine and case, in round order
         "identical_percent": agree,
         "warmup_seconds": warmups,
         "compile": compiled,
@@ -164,6 +169,8 @@ def table(result: dict[str, Any]) -> str:
     speedups = [f"{after[c] / before[c]:.2f}x" for c in ("greedy", "beam5")]
     speedups.append(f"{before['latency'] / after['latency']:.2f}x")
     lines.append("| after / before | " + " | ".join(speedups) + " | | |")
+    if spread := round_spread(result.get("round_seconds", {})):
+        lines.append(f"\nAfter / before, round by round (their spread is this machine's noise): {spread}.")
     agree = result["identical_percent"]
     flags = ", ".join(result["flags"]) or "no flags read"
     lines.append(
@@ -175,6 +182,20 @@ def table(result: dict[str, Any]) -> str:
             warmup = statistics.median(result["warmup_seconds"][version])
             lines.append(f"{version}: {report}; untimed warm-up {warmup:.1f} s (median over processes).")
     return "\n".join(lines)
+
+
+def round_spread(by_round: dict[str, dict[str, list[float]]]) -> str:
+    """The lowest and highest speed-up of a single round (before's seconds over after's in that round) per
+    case, e.g. ``greedy 0.93-1.01x, beam 5 1.02-1.09x, batch 1 0.90-0.99x``; empty below 2 rounds."""
+    before, after = by_round.get("baseline", {}), by_round.get("checkout", {})
+    parts = []
+    for case, label in (("greedy", "greedy"), ("beam5", "beam 5"), ("latency", "batch 1")):
+        pairs = list(zip(before.get(case, []), after.get(case, []), strict=True))
+        if len(pairs) < 2:
+            return ""
+        ratios = [b / a for b, a in pairs]
+        parts.append(f"{label} {min(ratios):.2f}-{max(ratios):.2f}x")
+    return ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

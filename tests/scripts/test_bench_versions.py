@@ -38,3 +38,16 @@ def test_bench_versions_compares_two_trees_with_ct2(
         assert row["greedy"] > 0 and row["beam5"] > 0 and row["latency"] > 0
     assert result["identical_percent"] == {"greedy": 100.0, "beam5": 100.0, "latency": 100.0}
     assert "| torch-fp32 before (HEAD) |" in run.stdout and "| after / before |" in run.stdout
+    assert all(len(result["round_seconds"]["checkout"][case]) == 2 for case in ("greedy", "beam5", "latency"))
+    assert "After / before, round by round" in run.stdout
+
+
+def test_round_spread_pairs_rounds_and_needs_two() -> None:
+    from app.bench.versions import round_spread
+
+    by_round = {
+        "baseline": {"greedy": [2.0, 2.2], "beam5": [4.0, 4.0], "latency": [1.0, 0.9]},
+        "checkout": {"greedy": [2.0, 2.0], "beam5": [3.2, 3.8], "latency": [1.0, 1.0]},
+    }
+    assert round_spread(by_round) == "greedy 1.00-1.10x, beam 5 1.05-1.25x, batch 1 0.90-1.00x"
+    assert round_spread({k: {c: v[:1] for c, v in d.items()} for k, d in by_round.items()}) == ""
