@@ -1,5 +1,5 @@
-"""A decoding step's operations at few rows, timed apart: Linear weight layouts and single-query attention
-(the library: :mod:`app.bench.step_ops`; results in docs/bench/decoding.md).
+"""A decoding step's operations timed apart: Linear weight layouts, single-query attention, oneDNN for the
+wide linears, beam candidates (the library: :mod:`app.bench.step_ops`; results in docs/bench/decoding.md).
 
     python scripts/bench_step_ops.py
     python scripts/bench_step_ops.py --d-model 512 --layers 6 --vocab 32000 --rows 1 5 64

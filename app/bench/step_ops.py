@@ -1,12 +1,16 @@
-"""The operations of a decoding step at few rows, timed apart: why decoding stores Linear weights
-column-major (:mod:`app.models.weight_layout`) and when ``sdpa`` takes its explicit single-query path.
+"""The operations of a decoding step, timed apart: why decoding stores Linear weights column-major
+(:mod:`app.models.weight_layout`) and packs the wide ones for oneDNN (:mod:`app.models.packed_linear`),
+when ``sdpa`` takes its explicit single-query path, and what ranking beam candidates by chunks saves.
 
 1. **Linear layouts.** One step's linears of a Transformer decoder (per layer: six d x d projections, the
    feed-forward pair) and the output layer, called in turn as a step calls them, with each weight stored
    (out, in) as ``nn.Linear`` trains it and column-major as decoding stores it; per row count.
 2. **Single-query attention.** ``F.scaled_dot_product_attention`` against the reference kernel's two
    batched products for one query row per sentence (a cached decoding step), per row count.
-3. **Beam candidates.** The 2K best continuations of each sentence from its K rows of V log-probabilities,
+3. **oneDNN for the wide linears.** Each shape of a step's linears through MKL (column-major weight) and
+   through oneDNN over a packed weight (:mod:`app.models.packed_linear`), per row count: why decoding packs
+   the feed-forward pair and output layer and uses them from 2 rows up.
+4. **Beam candidates.** The 2K best continuations of each sentence from its K rows of V log-probabilities,
    ranked directly (``topk`` over K*V shifted scores) and through chunk maxima
    (:mod:`app.decoding.candidates`), per row count that is a multiple of the beam.
 
@@ -27,6 +31,7 @@ from app.attention.kernels.eager import EagerAttention
 from app.bench.timing import median_ms
 from app.decoding.candidates import chunk_width, ranked_directly, top_candidates
 from app.hardware import cpu_description
+from app.models.packed_linear import onednn_linear_available, pack_weight, packed_product
 
 CPU = torch.device("cpu")
 
@@ -79,6 +84,22 @@ def candidates_ms(rows: int, beam: int, vocab: int, repeats: int) -> tuple[float
     return plain, chunked
 
 
+def onednn_ratios(shapes: list[tuple[int, int]], rows: int, repeats: int) -> list[float]:
+    """MKL's milliseconds over oneDNN's for ``rows`` input rows through each (out, in) weight shape."""
+    return [onednn_ratio(out_features, in_features, rows, repeats) for out_features, in_features in shapes]
+
+
+def onednn_ratio(out_features: int, in_features: int, rows: int, repeats: int) -> float:
+    """MKL's milliseconds over oneDNN's for ``rows`` rows through one random (out, in) weight."""
+    weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+    column_major, packed = weight.t().contiguous().t(), pack_weight(weight)
+    x = torch.randn(rows, in_features)
+    with torch.inference_mode():
+        mkl = median_ms(lambda: F.linear(x, column_major, bias), repeats=repeats, warmup=3, device=CPU)
+        dnn = median_ms(lambda: packed_product(x, packed, bias), repeats=repeats, warmup=3, device=CPU)
+    return mkl / dnn
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--d-model", type=int, default=256)
@@ -111,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     for rows in args.rows:
         fused, plain = attention_ms(rows, args.heads, args.keys, head_dim, args.repeats)
         print(f"| {rows} | {fused:.4f} | {plain:.4f} | {fused / plain:.2f}x |")
+    if onednn_linear_available():
+        d, ff, vocab = args.d_model, args.d_ff, args.vocab
+        shapes = [(d, d), (ff, d), (d, ff), (vocab, d)]
+        names = " | ".join(f"{i} -> {o}" for o, i in shapes)
+        print(f"\n| rows | MKL ms / oneDNN ms: {names} |\n|---:|" + "---:|" * len(shapes))
+        for rows in args.rows:
+            cells = " | ".join(f"{r:.2f}x" for r in onednn_ratios(shapes, rows, args.repeats))
+            print(f"| {rows} | {cells} |")
     print(
         f"\n| rows (beam {args.beam}), {args.vocab} subwords, chunks of {chunk_width(args.vocab)} "
         "| topk over K*V ms | by chunks ms | ratio |"

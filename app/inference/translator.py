@@ -34,6 +34,7 @@ from app.inference.engine import (
 )
 from app.models.compiled_step import CompiledSteps, compile_decoding
 from app.models.ensemble import Ensemble
+from app.models.packed_linear import pack_wide_linears
 from app.models.seq2seq import Seq2Seq
 from app.models.weight_layout import store_column_major
 
@@ -256,6 +257,7 @@ def load_translator(
         model = Ensemble(members).eval()
     if torch.device(device).type == "cpu":
         store_column_major(model)  # decoding streams the weights: the layout GEMM reads fastest
+        pack_wide_linears(model)  # and the wide linears through oneDNN from 2 rows up
     translator = Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path))
     translator.compile(compile)
     return translator, loaded.config

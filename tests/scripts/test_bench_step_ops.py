@@ -1,4 +1,4 @@
-"""scripts/bench_step_ops.py (app.bench.step_ops): its three tables, one row per row count, at tiny sizes."""
+"""scripts/bench_step_ops.py (app.bench.step_ops): its four tables, one row per row count, at tiny sizes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_step_ops.py"
 
 
 def test_script_prints_its_tables_with_a_row_per_count() -> None:
-    """Linears and attention at every row count; candidates at the counts the beam (3) divides."""
+    """Linears, attention and oneDNN at every row count; candidates at the counts the beam (3) divides."""
     args = [
         "--d-model",
         "32",
@@ -41,7 +41,7 @@ def test_script_prints_its_tables_with_a_row_per_count() -> None:
     lines = done.stdout.splitlines()
     assert lines[0].startswith("CPU: ")
     linear = [line for line in lines if line.startswith("| ") and line.endswith("x |") and "ms" not in line]
-    assert [line.split(" | ")[0] for line in linear] == ["| 1", "| 3", "| 1", "| 3", "| 3"]
+    assert [line.split(" | ")[0] for line in linear] == ["| 1", "| 3", "| 1", "| 3", "| 1", "| 3", "| 3"]
     assert any("chunks of 160" in line for line in lines)
 
 

@@ -1,0 +1,125 @@
+"""Tests for app.models.packed_linear: oneDNN-packed wide linears compute what nn.Linear computes, and
+step aside (plain ``F.linear``, bit for bit) wherever they do not apply."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers.batches import random_sources
+
+from app.decoding import beam_search, greedy_search, output_limits
+from app.inference.engine import SearchSettings
+from app.inference.translator import Translator, load_translator
+from app.models import Transformer
+from app.models.compiled_step import compile_available, compile_decoding
+from app.models.packed_linear import MIN_WEIGHTS, onednn_linear_available, pack_wide_linears
+
+pytestmark = [
+    pytest.mark.usefixtures("single_torch_thread"),
+    pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear"),
+]
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+def packed_layer(bias: bool = True) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(48, 80, bias=bias).eval()
+    assert pack_wide_linears(layer, min_weights=0) == 1
+    return layer
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_layer_computes_the_linear_for_any_leading_shape(bias: bool) -> None:
+    layer = packed_layer(bias)
+    x = torch.randn(3, 5, 48)
+    with torch.inference_mode():
+        out = layer(x)
+    assert out.shape == (3, 5, 80)
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_one_row_training_gradients_autocast_and_changed_weights_use_the_plain_linear() -> None:
+    layer = packed_layer()
+    one, rows = torch.randn(1, 48), torch.randn(6, 48)
+    with torch.inference_mode():
+        assert torch.equal(layer(one), F.linear(one, layer.weight, layer.bias))  # one row: MKL was faster
+    assert torch.equal(layer(rows), F.linear(rows, layer.weight, layer.bias))  # gradients enabled
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(rows).dtype == torch.bfloat16  # autocast's product, not the float32 packed one
+    layer.train()
+    with torch.inference_mode():
+        assert torch.equal(layer(rows), F.linear(rows, layer.weight, layer.bias))
+    layer.eval()
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # the packed copy is stale now
+    with torch.inference_mode():
+        assert torch.equal(layer(rows), F.linear(rows, layer.weight, layer.bias))
+
+
+def test_only_wide_linears_are_packed_and_the_state_dict_is_unchanged(
+    make_transformer: Callable[..., Transformer],
+) -> None:
+    model = make_transformer(src_vocab_size=30, tgt_vocab_size=30)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    threshold = max(m.weight.numel() for m in linears)  # the feed-forward pair's size: only they are wide
+    wide = [m for m in linears if m.weight.numel() >= threshold]
+    assert pack_wide_linears(model, min_weights=threshold) == len(wide) < len(linears)
+    packed = [m for m in model.modules() if hasattr(m, "packed_weight")]
+    assert packed == wide
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(model.state_dict()[name], value) for name, value in before.items())
+
+
+def decode_all(model: torch.nn.Module, src: torch.Tensor) -> tuple[list, list]:
+    limits = output_limits(src, PAD, max_len=12)
+    common = {"bos_id": BOS, "eos_id": EOS, "limits": limits, "banned": (PAD, BOS)}
+    return greedy_search(model, src, **common), beam_search(model, src, beam_size=4, **common)
+
+
+def test_decoding_is_unchanged(make_transformer: Callable[..., Transformer]) -> None:
+    plain = make_transformer(src_vocab_size=30, tgt_vocab_size=30, seed=2)
+    packed = make_transformer(src_vocab_size=30, tgt_vocab_size=30, seed=2)
+    assert pack_wide_linears(packed, min_weights=0) > 0
+    src = random_sources(12, 3, 9, vocab=30)
+    assert decode_all(packed, src) == decode_all(plain, src)
+
+
+@pytest.mark.skipif(compile_available() is not None, reason="inductor finds no C++ compiler here")
+def test_compiled_steps_trace_the_plain_linear_and_decode_the_same(
+    make_transformer: Callable[..., Transformer],
+) -> None:
+    plain = make_transformer(src_vocab_size=30, tgt_vocab_size=30, seed=2)
+    packed = make_transformer(src_vocab_size=30, tgt_vocab_size=30, seed=2)
+    pack_wide_linears(packed, min_weights=0)
+    assert compile_decoding(packed, "on") is None
+    src = random_sources(6, 3, 9, vocab=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed compilation would fall back with a warning
+        found = decode_all(packed, src)
+    assert packed.compiled_steps.failure is None and packed.compiled_steps.graphs >= 1
+    assert found == decode_all(plain, src)
+
+
+def test_translators_loaded_on_the_cpu_pack_their_wide_linears(
+    tmp_path: Path, checkpoint_factory: Callable[..., torch.nn.Module]
+) -> None:
+    path = tmp_path / "model.ckpt"
+    d_ff = MIN_WEIGHTS // 32  # the feed-forward pair is just wide enough; the 32 x 32 projections are not
+    model_cfg = {"family": "transformer", "d_model": 32, "num_heads": 4, "encoder_layers": 1}
+    model_cfg |= {"decoder_layers": 1, "d_ff": d_ff, "max_positions": 64}
+    model = checkpoint_factory(path, model_cfg=model_cfg, attention_cfg={"kernel": "eager"}).eval()
+    translator, _ = load_translator(path)
+    packed = {name for name, m in translator.model.named_modules() if hasattr(m, "packed_weight")}
+    assert packed and all("ffn" in name for name in packed)  # 2 per layer, encoder and decoder
+    assert len(packed) == 4
+    plain = Translator(model, translator.src_tokenizer, translator.tgt_tokenizer)
+    lines = ["ein Hund läuft .", "zwei Männer spielen Fußball auf einer Wiese .", ""]
+    for settings in (SearchSettings(beam=1, batch_size=2), SearchSettings(beam=3, batch_size=2)):
+        assert translator.translate(lines, settings) == plain.translate(lines, settings)
