@@ -45,8 +45,8 @@ def pack_wide_linears(model: nn.Module, min_weights: int = MIN_WEIGHTS) -> int:
         weight = getattr(module, "weight", None)
         if not isinstance(module, nn.Linear) or weight is None or weight.numel() < min_weights:
             continue
-        if weight.dtype != torch.float32 or weight.device.type != "cpu":
-            continue
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.is_inference():
+            continue  # (an inference tensor has no version counter to tell a changed weight by)
         module.packed_weight = pack_weight(weight)
         module.packed_version = weight._version
         module.forward = types.MethodType(packed_forward, module)

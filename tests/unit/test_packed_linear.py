@@ -62,6 +62,12 @@ def test_one_row_training_gradients_autocast_and_changed_weights_use_the_plain_l
         assert torch.equal(layer(rows), F.linear(rows, layer.weight, layer.bias))
 
 
+def test_weights_made_in_inference_mode_are_left_unpacked() -> None:
+    with torch.inference_mode():
+        layer = torch.nn.Linear(48, 80).eval()
+    assert pack_wide_linears(layer, min_weights=0) == 0 and not hasattr(layer, "packed_weight")
+
+
 def test_only_wide_linears_are_packed_and_the_state_dict_is_unchanged(
     make_transformer: Callable[..., Transformer],
 ) -> None:
