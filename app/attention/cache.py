@@ -107,8 +107,8 @@ class KVCache:
             self.codes = None
         else:
             self.codes = codes if self.codes is None else torch.cat([self.codes, codes], dim=2)
-        if self._k is None:
-            self._k, self._v = k, v
+        if self._k is None:  # stored contiguous: a step's product then reads it in place, never copies it
+            self._k, self._v = k.contiguous(), v.contiguous()
         elif self.pending is not None and not k.requires_grad and k.dtype == self._k.dtype:
             self._k, self._v = (gathered(old, self.pending, new) for old, new in ((self._k, k), (self._v, v)))
             self.pending = None

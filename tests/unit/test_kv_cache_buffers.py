@@ -78,3 +78,14 @@ def test_static_and_windowed_caches_reorder_at_once() -> None:
     static = KVCache(static=True, k=torch.randn(2, 2, 4, 4), v=torch.randn(2, 2, 4, 4))
     static.reorder(torch.tensor([1, 0]))
     assert window.pending is None and static.pending is None and window.length() == 3
+
+
+def test_first_keys_are_stored_contiguous_so_steps_read_them_in_place() -> None:
+    """Cross-attention's keys arrive as a head-split view of the projected memory, (B, T, H, Dh) seen as
+    (B, H, T, Dh); stored as given, every step's product would copy them into a contiguous batch first."""
+    memory = torch.randn(3, 7, 2 * 4)  # (B, T, H*Dh)
+    view = memory.view(3, 7, 2, 4).transpose(1, 2)  # (B, H, T, Dh), not contiguous
+    cache = KVCache(static=True)
+    k, v = cache.append(view, view)
+    assert not view.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    assert torch.equal(k, view) and torch.equal(v, view)
