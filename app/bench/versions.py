@@ -34,7 +34,9 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     data_dir = REPO_ROOT / os.environ.get("MULTI30K_DIR", "../shared/data/multi30k")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a Transformer .ckpt (pre-norm, for the CTranslate2 export)")
+    parser.add_argument(
+        "checkpoint", nargs="?", help="a Transformer .ckpt (pre-norm, for the CTranslate2 export)"
+    )
     parser.add_argument("--baseline", default="HEAD", help="git revision of the version to compare with")
     source = data_dir / "test_2016_flickr.de.gz"
     if not source.is_file():  # the copy committed as a test fixture
@@ -58,7 +60,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "reported apart, as warm-up seconds)",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--summarize",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: one table row per earlier run's --json (e.g. one per attention kernel)",
+    )
+    args = parser.parse_args(argv)
+    if (args.checkpoint is None) == (args.summarize is None):
+        parser.error("give a checkpoint to measure, or --summarize with earlier runs' JSON files")
+    return args
 
 
 def baseline_tree(revision: str, folder: Path) -> Path:
@@ -187,19 +199,62 @@ def table(result: dict[str, Any]) -> str:
 def round_spread(by_round: dict[str, dict[str, list[float]]]) -> str:
     """The lowest and highest speed-up of a single round (before's seconds over after's in that round) per
     case, e.g. ``greedy 0.93-1.01x, beam 5 1.02-1.09x, batch 1 0.90-0.99x``; empty below 2 rounds."""
-    before, after = by_round.get("baseline", {}), by_round.get("checkout", {})
     parts = []
     for case, label in (("greedy", "greedy"), ("beam5", "beam 5"), ("latency", "batch 1")):
-        pairs = list(zip(before.get(case, []), after.get(case, []), strict=True))
-        if len(pairs) < 2:
+        ratios = round_ratios(by_round, case)
+        if len(ratios) < 2:
             return ""
-        ratios = [b / a for b, a in pairs]
         parts.append(f"{label} {min(ratios):.2f}-{max(ratios):.2f}x")
     return ", ".join(parts)
 
 
+def round_ratios(by_round: dict[str, dict[str, list[float]]], case: str) -> list[float]:
+    """Each round's speed-up in ``case``: the baseline's seconds over the checkout's in that round."""
+    before, after = (by_round.get(version, {}).get(case, []) for version in ("baseline", "checkout"))
+    return [b / a for b, a in zip(before, after, strict=True)]
+
+
+def summary(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown, one row per earlier run (keyed by a label): each case's medians before -> after, the
+    speed-up with the lowest and highest single round's in brackets, and identical outputs."""
+    lines = [
+        "| run | greedy sent/s | speed-up | beam-5 sent/s | speed-up | batch-1 greedy ms | speed-up "
+        "| identical outputs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, result in results.items():
+        before, after = result["rows"]["baseline"], result["rows"]["checkout"]
+        cells = []
+        for case in ("greedy", "beam5", "latency"):
+            speedup = before[case] / after[case] if case == "latency" else after[case] / before[case]
+            ratios = round_ratios(result.get("round_seconds", {}), case)
+            spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+            cells += [f"{before[case]} -> {after[case]}", f"{speedup:.2f}x{spread}"]
+        agree = result["identical_percent"]
+        cells.append(f"{agree['greedy']}% / {agree['beam5']}% / {agree['latency']}%")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    first = next(iter(results.values()))
+    lines.append(
+        f"\nBefore: {first['args']['baseline']}; speed-ups are after/before (batch 1: before's ms over "
+        "after's), in brackets the lowest and highest of single rounds; identical outputs: greedy / beam 5 / "
+        f"batch 1. CPU: {first['cpu']} ({', '.join(first['flags']) or 'no flags read'})."
+    )
+    return "\n".join(lines)
+
+
+def run_label(result: dict[str, Any], path: Path) -> str:
+    """A summary row's name: the folder of the run whose checkpoint was measured (``runs/NAME/checkpoints/
+    best.ckpt``), else the JSON file's name."""
+    checkpoint = Path(result["args"].get("checkpoint") or "")
+    return checkpoint.parents[1].name if checkpoint.parent.name == "checkpoints" else path.stem
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.summarize:
+        results = [(path, json.loads(path.read_text())) for path in args.summarize]
+        print(summary({run_label(result, path): result for path, result in results}))
+        return 0
     result = run(args)
     print(table(result))
     if args.json:

@@ -51,3 +51,45 @@ def test_round_spread_pairs_rounds_and_needs_two() -> None:
     }
     assert round_spread(by_round) == "greedy 1.00-1.10x, beam 5 1.05-1.25x, batch 1 0.90-1.00x"
     assert round_spread({k: {c: v[:1] for c, v in d.items()} for k, d in by_round.items()}) == ""
+
+
+def result_of(checkpoint: str, before: float, after: float) -> dict:
+    """A --json result as bench_versions writes it, every case taking ``before`` and ``after`` seconds."""
+    rows = {case: value for case, value in (("greedy", 100.0), ("beam5", 30.0), ("latency", 50.0))}
+    scale = {"baseline": before, "checkout": after}
+    return {
+        "rows": {
+            version: {c: v * (1 / s if c != "latency" else s) for c, v in rows.items()}
+            for version, s in scale.items()
+        },
+        "round_seconds": {  # the baseline's second round 20% slower
+            version: {c: [s, s * (1.2 if version == "baseline" else 1.0)] for c in rows}
+            for version, s in scale.items()
+        },
+        "identical_percent": {"greedy": 100.0, "beam5": 99.5, "latency": 100.0},
+        "cpu": "Test CPU",
+        "flags": ["avx2"],
+        "args": {"baseline": "abc1234", "checkpoint": checkpoint},
+    }
+
+
+def test_summarize_prints_one_row_per_run_named_by_its_folder(tmp_path: Path) -> None:
+    paths = []
+    for name, after in (("attention=eager", 0.5), ("attention=lsh", 1.0)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(result_of(f"runs/{name}/checkpoints/best.ckpt", 1.0, after)))
+        paths.append(str(path))
+    command = [sys.executable, str(SCRIPT), "--summarize", *paths]
+    run = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| attention=")]
+    assert len(rows) == 2
+    assert "| 100.0 -> 200.0 | 2.00x (2.00-2.40) |" in rows[0]  # rounds: 1.0 / 0.5 and 1.2 / 0.5
+    assert "| 50.0 -> 25.0 | 2.00x" in rows[0] and "100.0% / 99.5% / 100.0%" in rows[0]
+    assert "| 1.00x (1.00-1.20) |" in rows[1]
+    assert "Before: abc1234" in run.stdout and "CPU: Test CPU (avx2)" in run.stdout
+
+
+def test_a_checkpoint_or_summarize_is_required() -> None:
+    run = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=subprocess_env())
+    assert run.returncode == 2 and "give a checkpoint to measure, or --summarize" in run.stderr

@@ -1,5 +1,5 @@
 """docs/ stays navigable: an index names every page, every run record follows one naming scheme and is
-named by a page, every relative link resolves, and the tracked docs stay under 5 MB."""
+named by a page, every relative link resolves, and the tracked docs stay under 6 MB."""
 
 from __future__ import annotations
 
