@@ -151,3 +151,21 @@ def test_training_and_gradients_keep_the_eager_step(make_transformer: Callable[.
         assert model.compiled_steps(tokens, state) is None
         model.eval()
     assert model.compiled_steps.graphs == 0
+
+
+def test_weights_changed_or_replaced_after_compiling_are_used(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor
+) -> None:
+    """Guards skip unchanged module subtrees (recursive dict tags): a weight written in place is read at
+    run time, and a parameter replaced by another changes its module's dict, so the step is guarded anew."""
+    model = compiled_model(make_transformer, {"kernel": "eager"})
+    assert_same_hypotheses(*decode_both(model, src, beam=1))
+    assert torch._dynamo.config.use_recursive_dict_tags_for_guards
+    ffn = model.decoder[0].ffn[0]
+    with torch.no_grad():
+        ffn.weight.mul_(-2.0)  # in place, as load_state_dict writes
+    assert_same_hypotheses(*decode_both(model, src, beam=1))
+    ffn.weight = torch.nn.Parameter(torch.randn_like(ffn.weight))  # a new parameter object
+    compiled, eager = decode_both(model, src, beam=1)
+    assert_same_hypotheses(compiled, eager)
+    assert model.compiled_steps.failure is None
