@@ -54,10 +54,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     parser.add_argument(
         "--compile",
-        choices=("auto", "on", "off"),
+        choices=("auto", "on", "aot", "off"),
         default="off",
         help="the torch engine's compiled decoding steps (versions that have them; compile time is "
         "reported apart, as warm-up seconds)",
+    )
+    parser.add_argument(
+        "--baseline-compile",
+        choices=("auto", "on", "aot", "off"),
+        help="the baseline's compile mode where it differs from --compile (e.g. on against aot)",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
@@ -83,10 +88,10 @@ def baseline_tree(revision: str, folder: Path) -> Path:
     return folder
 
 
-def measure(tree: Path, args: argparse.Namespace, ct2_dir: str) -> dict[str, Any]:
+def measure(tree: Path, args: argparse.Namespace, ct2_dir: str, compile_mode: str) -> dict[str, Any]:
     """One process of the worker with ``app`` from ``tree``: its JSON result."""
     command = [sys.executable, str(SCRIPT), "--worker", str(tree), str(args.checkpoint), args.source]
-    command += [str(args.limit), str(args.latency_lines), str(args.max_len), ct2_dir, args.compile]
+    command += [str(args.limit), str(args.latency_lines), str(args.max_len), ct2_dir, compile_mode]
     env = {**os.environ, "PYTHONPATH": ""}
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode:
@@ -110,7 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for index in range(args.rounds):
             order = list(versions) if index % 2 == 0 else list(versions)[::-1]
             for version in order:
-                found = measure(versions[version], args, ct2_dir)
+                modes = {"baseline": args.baseline_compile or args.compile, "checkout": args.compile}
+                found = measure(versions[version], args, ct2_dir, modes[version])
                 if Path(found.pop("app")).resolve() != (versions[version] / "app").resolve():
                     raise RuntimeError(f"the {version} process imported app from elsewhere")
                 compiled[version] = (found.pop("compile", None) or {}).get("report")
@@ -167,7 +173,10 @@ def table(result: dict[str, Any]) -> str:
     after = "torch-fp32 after" + (
         f" (compile={result['args']['compile']})" if result["compile"].get("checkout") else ""
     )
-    labels = {"baseline": f"torch-fp32 before ({result['args']['baseline']})", "checkout": after}
+    before = f"torch-fp32 before ({result['args']['baseline']}"
+    if result["compile"].get("baseline"):
+        before += f", compile={result['args'].get('baseline_compile') or result['args']['compile']}"
+    labels = {"baseline": before + ")", "checkout": after}
     for name in ("ct2-fp32", "baseline", "checkout"):
         if name not in rows:
             continue

@@ -114,13 +114,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_compile_arg(parser: argparse.ArgumentParser) -> None:
-    """``--compile auto|on|off`` for the torch engine's decoding steps, shared with scripts/serve.py."""
+    """``--compile auto|on|aot|off`` for the torch engine's decoding steps, shared with scripts/serve.py."""
     parser.add_argument(
         "--compile",
         choices=COMPILE_MODES,
         default="off",
         help="torch engine: compile the decoding steps with torch.compile (inductor), tens of seconds "
-        "once per process for faster steps; auto = on the CPU only; falls back to eager (default off)",
+        "once per process for faster steps; auto = on the CPU only; aot = on, plus batch-1 greedy steps "
+        "compiled ahead of time (AOTInductor, CPU); falls back to eager (default off)",
     )
 
 

@@ -61,7 +61,7 @@ class Translator(Engine):
         self.eager_reason: str | None = None  # why compile_mode did not compile (None: it did, or off)
 
     def compile(self, mode: str) -> None:
-        """Decode through ``torch.compile``d steps: ``mode`` auto | on | off (see
+        """Decode through ``torch.compile``d steps: ``mode`` auto | on | aot | off (see
         :func:`~app.models.compiled_step.compile_decoding`); where it cannot, decoding stays eager."""
         self.compile_mode = mode
         reason = compile_decoding(self.model, mode)
@@ -82,7 +82,13 @@ class Translator(Engine):
         if failed:
             return f"decoding eager: torch.compile failed ({failed[0]})"
         graphs, seconds = sum(r.graphs for r in runners), sum(r.seconds for r in runners)
-        return f"decoding steps compiled: {graphs} graphs in {seconds:.1f} s (paid once per process)"
+        report = f"decoding steps compiled: {graphs} graphs in {seconds:.1f} s (paid once per process)"
+        ahead = [r.one_row for r in runners if r.one_row is not None]
+        if built := [a for a in ahead if a.runner is not None]:
+            report += f"; one-row steps compiled ahead of time in {sum(a.seconds for a in built):.1f} s"
+        elif failures := [a.failure for a in ahead if a.failure]:
+            report += f"; one-row steps not compiled ahead of time ({failures[0]})"
+        return report
 
     @property
     def device(self) -> torch.device:
@@ -242,7 +248,7 @@ def load_translator(
 ) -> tuple[Translator, dict]:
     """A ready :class:`Translator` for checkpoint ``path`` on ``device``, and the run config stored in it.
 
-    ``compile`` (auto | on | off) compiles the decoding steps, see :meth:`Translator.compile`.
+    ``compile`` (auto | on | aot | off) compiles the decoding steps, see :meth:`Translator.compile`.
     With ``ensemble`` checkpoints, they decode together with ``path`` as one :class:`Ensemble` (their
     distributions averaged per token); all must share ``path``'s tokenizers, and the config is ``path``'s.
     """

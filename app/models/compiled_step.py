@@ -30,7 +30,7 @@ from torch import Tensor
 
 from app.attention import KVCache
 
-COMPILE_MODES = ("auto", "on", "off")
+COMPILE_MODES = ("auto", "on", "aot", "off")
 GRAPHS_PER_MODEL = 32  # dynamo's recompile limit per code object (default 8) is raised to at least this:
 # a model meets up to ~8 shapes (batch 1 or more, first or later step, greedy or beam rows, one sentence
 # left), and past the limit dynamo would run the step eagerly without a word
@@ -145,7 +145,9 @@ class CompiledSteps:
     (step 0, a recurrent kernel, attention weights asked for, or compilation failed).
     """
 
-    def __init__(self, model, *, max_rows: int = 64, cpp_wrapper: bool = True) -> None:
+    def __init__(
+        self, model, *, max_rows: int = 64, cpp_wrapper: bool = True, ahead_of_time: bool = False
+    ) -> None:
         self.model = model  # a Transformer; a plain attribute, so the model does not own itself as a module
         # Above ``max_rows`` decoder rows (beam 5 at batch 64: 320) a step is bound by its matrix products
         # and the compiled one was slower than eager (0.90x, in-process A/B on the random 5.8M model)
@@ -164,6 +166,11 @@ class CompiledSteps:
         self.failure: str | None = None  # why compilation was given up (then every step is eager)
         self.seconds = 0.0  # wall time of the calls that compiled a graph (compile time, reported apart)
         self.graphs = 0  # graphs compiled so far
+        self.one_row = None  # batch-1 greedy steps compiled ahead of time (compile mode "aot"), tried first
+        if ahead_of_time:
+            from app.models.aot_step import AotOneRowSteps
+
+            self.one_row = AotOneRowSteps(self)
 
     def __call__(self, tokens: Tensor, state) -> Tensor | None:
         """Log-probabilities (B, V) after ``tokens`` (B,), updating ``state``; None: run the eager step."""
@@ -177,6 +184,8 @@ class CompiledSteps:
         tensors = CacheTensors.read(state.caches)
         if tensors is None:
             return None
+        if self.one_row is not None and (log_probs := self.one_row(tokens, state, tensors)) is not None:
+            return log_probs
         mark_dynamic(tokens, state.memory, state.memory_mask, tensors)
         frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         started = time.perf_counter()
@@ -224,8 +233,10 @@ class CompiledSteps:
 def compile_decoding(model: torch.nn.Module, mode: str) -> str | None:
     """Compile the decoding steps of every Transformer in ``model`` (itself, or an ensemble's members).
 
-    ``mode``: "on" compiles on any device, "auto" on the CPU only (where it was measured to pay), "off"
-    never. Returns why decoding stays eager, or None when it compiles (a later failure still falls back).
+    ``mode``: "on" compiles on any device, "auto" on the CPU only (where it was measured to pay), "aot" as
+    "on" and, on the CPU, one-row steps (batch-1 greedy) through AOTInductor (:mod:`app.models.aot_step`),
+    "off" never. Returns why decoding stays eager, or None when it compiles (a later failure still falls
+    back).
     """
     from app.models.transformer import Transformer
 
@@ -241,6 +252,7 @@ def compile_decoding(model: torch.nn.Module, mode: str) -> str | None:
         return f"compile=auto compiles on the CPU only (the model is on {device})"
     if device.type == "cpu" and (reason := compile_available()) is not None:
         return reason
+    ahead = mode == "aot" and device.type == "cpu"
     for transformer in transformers:
-        transformer.compiled_steps = CompiledSteps(transformer)
+        transformer.compiled_steps = CompiledSteps(transformer, ahead_of_time=ahead)
     return None

@@ -130,7 +130,7 @@ def test_each_model_keeps_its_own_graphs(make_transformer: Callable[..., Transfo
 
 def test_compile_modes(make_transformer: Callable[..., Transformer]) -> None:
     model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
-    with pytest.raises(ValueError, match="not one of auto, on, off"):
+    with pytest.raises(ValueError, match="not one of auto, on, aot, off"):
         compile_decoding(model, "yes")
     assert compile_decoding(model, "auto") is None  # on the CPU: compiles
     assert isinstance(model.compiled_steps, CompiledSteps)
@@ -169,3 +169,50 @@ def test_weights_changed_or_replaced_after_compiling_are_used(
     compiled, eager = decode_both(model, src, beam=1)
     assert_same_hypotheses(compiled, eager)
     assert model.compiled_steps.failure is None
+
+
+def aot_model(make_transformer: Callable[..., Transformer], attention: dict) -> Transformer:
+    model = compiled_model(make_transformer, attention)
+    assert compile_decoding(model, "aot") is None
+    return model
+
+
+def one_row_sources(src: torch.Tensor) -> list[torch.Tensor]:
+    """Each source alone, unpadded (batch 1)."""
+    return [row[: int((row != PAD).sum())][None] for row in src]
+
+
+def test_aot_one_row_steps_equal_eager(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor
+) -> None:
+    """Batch-1 greedy through the AOTInductor package, one package for every source and cache length."""
+    model = aot_model(make_transformer, {"kernel": "eager"})
+    for one in one_row_sources(src):
+        assert_same_hypotheses(*decode_both(model, one, beam=1))
+    assert_same_hypotheses(*decode_both(model, src, beam=3))  # more rows: the torch.compile'd steps
+    ahead = model.compiled_steps.one_row
+    assert ahead.runner is not None and ahead.failure is None and ahead.seconds > 0
+
+
+def test_aot_leaves_windowed_caches_to_the_other_steps(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor
+) -> None:
+    model = aot_model(make_transformer, KERNELS["sparse"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same_hypotheses(*decode_both(model, one_row_sources(src)[0], beam=1))
+    assert model.compiled_steps.one_row.runner is None  # a window trims its cache: never exported
+
+
+def test_a_failing_export_leaves_one_row_steps_to_the_other_path(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this step does not export")
+
+    model = aot_model(make_transformer, {"kernel": "eager"})
+    monkeypatch.setattr(torch.export, "export", refuse)
+    with pytest.warns(UserWarning, match="not compiled ahead of time"):
+        compiled, eager = decode_both(model, one_row_sources(src)[0], beam=1)
+    assert_same_hypotheses(compiled, eager)
+    assert "this step does not export" in model.compiled_steps.one_row.failure

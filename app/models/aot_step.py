@@ -1,0 +1,133 @@
+"""One-row decoding steps (batch-1 greedy) compiled ahead of time with AOTInductor, for the CPU.
+
+Why: a ``torch.compile``d step pays dynamo's entry on every call: guards over the model's parameters and
+the cache tensors, the step's bytecode, the runtime wrappers. At one row a step's products take ~1.1 ms
+and that entry ~0.3-0.4 ms (the profiler's "TorchDynamo Cache Lookup" and "Torch-Compiled Region" around
+the graph). ``torch.export`` traces the same step function once, with the source length S and the cache
+length T symbolic, AOTInductor compiles it into a shared library with the weights inside, and a call is
+then the library's C++ run of the graph, checking only its inputs' sizes.
+
+What is compiled: :meth:`CompiledSteps.step <app.models.compiled_step.CompiledSteps.step>`, the function
+``torch.compile`` compiles, for one row (batch 1, greedy) with caches the compiled path can hand over
+plainly: no sliding window (its cache trims itself by a size test), no reduced cross-attention keys
+(Linformer's mask), T of 2 or more. Anything else (more rows, beams, the first steps) returns None and
+goes on to the ``torch.compile``d or eager step. The package is built at the first step that fits (~15-25 s
+on 2 CPU cores, reported with the compile time) into a temporary folder and lives as long as the model.
+Fallback: an export or compile error is warned about once and the one-row steps stay on the other path.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from app.models.compiled_step import CacheTensors, describe_failure
+
+if TYPE_CHECKING:
+    from app.models.compiled_step import CompiledSteps
+
+
+class OneRowStep(nn.Module):
+    """The step as a module of flat tensors, for ``torch.export``: tokens (1,), memory (1, S, D), its mask
+    (1, S), then each layer's self keys, self values, cross keys, cross values: (1, Hkv, T or S, Dh)."""
+
+    def __init__(self, steps: CompiledSteps, layers: int) -> None:
+        super().__init__()
+        self.steps, self.layers = steps, layers
+        self.model = steps.model  # a submodule: export lifts its weights into the program
+
+    def forward(
+        self, tokens: Tensor, memory: Tensor, memory_mask: Tensor, *caches: Tensor
+    ) -> tuple[Tensor, ...]:
+        n = self.layers
+        tensors = CacheTensors(
+            self_k=list(caches[:n]),
+            self_v=list(caches[n : 2 * n]),
+            cross_k=list(caches[2 * n : 3 * n]),
+            cross_v=list(caches[3 * n :]),
+            cross_mask=[None] * n,
+            windows=(None,) * n,
+        )
+        step = caches[0].size(2)  # T positions decoded so far (no window: the step number)
+        log_probs, self_k, self_v = self.steps.step(tokens, step, memory, memory_mask, 1, tensors)
+        return (log_probs, *self_k, *self_v)
+
+
+class AotOneRowSteps:
+    """Batch-1 greedy steps through an AOTInductor package of :class:`OneRowStep` (see the module doc)."""
+
+    def __init__(self, steps: CompiledSteps) -> None:
+        self.steps = steps
+        self.runner = None  # the loaded package, once built
+        self.failure: str | None = None
+        self.seconds = 0.0  # export + compile + load
+        self._folder: tempfile.TemporaryDirectory | None = None
+
+    def fits(self, tokens: Tensor, state, tensors: CacheTensors) -> bool:
+        """Whether this step is one the package computes: one row, plain caches, 2 <= T < max positions."""
+        length = tensors.self_k[0].size(2)
+        return (
+            self.failure is None
+            and tokens.size(0) == 1
+            and state.group == 1
+            and tokens.device.type == "cpu"
+            and state.memory.dtype == torch.float32
+            and all(window is None for window in tensors.windows)
+            and all(mask is None for mask in tensors.cross_mask)
+            and state.step == length >= 2
+            and length < self.steps.model.max_positions
+            and state.memory.size(1) >= 2
+        )
+
+    def __call__(self, tokens: Tensor, state, tensors: CacheTensors) -> Tensor | None:
+        """Log-probabilities (1, V) after ``tokens`` (1,), updating ``state``; None where it does not fit."""
+        if not self.fits(tokens, state, tensors):
+            return None
+        caches = (*tensors.self_k, *tensors.self_v, *tensors.cross_k, *tensors.cross_v)
+        if self.runner is None:
+            try:
+                self.runner = self.build(tokens, state, caches)
+            except Exception as error:
+                self.failure = describe_failure(error)
+                warnings.warn(f"one-row steps not compiled ahead of time ({self.failure})", stacklevel=3)
+                return None
+        log_probs, *new = self.runner(tokens, state.memory, state.memory_mask, *caches)
+        layers = len(state.caches)
+        for cache, k, v in zip(state.caches, new[:layers], new[layers:], strict=True):
+            cache.self_attn.k, cache.self_attn.v = k, v
+        state.step += 1
+        return log_probs
+
+    def build(self, tokens: Tensor, state, caches: tuple[Tensor, ...]):
+        """Export the step with S and T symbolic, compile it with AOTInductor, load it."""
+        from torch.export import Dim
+
+        started = time.perf_counter()
+        model = self.steps.model
+        source = Dim("source", min=2, max=model.max_positions)
+        cached = Dim("cached", min=2, max=model.max_positions - 1)  # one more position must fit
+        layers = len(state.caches)
+        shapes = (
+            {},
+            {1: source},
+            {1: source},
+            (*[{2: cached}] * (2 * layers), *[{2: source}] * (2 * layers)),
+        )
+        args = (tokens, state.memory, state.memory_mask, *caches)
+        with torch.no_grad():
+            program = torch.export.export(
+                OneRowStep(self.steps, layers), args, dynamic_shapes=shapes, strict=False
+            )
+            self._folder = tempfile.TemporaryDirectory(prefix="attn-mt-aot-")
+            package = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(Path(self._folder.name) / "one_row_step.pt2")
+            )
+            runner = torch._inductor.aoti_load_package(package)
+        self.seconds = time.perf_counter() - started
+        return runner
