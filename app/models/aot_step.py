@@ -120,7 +120,8 @@ class AotOneRowSteps:
             (*[{2: cached}] * (2 * layers), *[{2: source}] * (2 * layers)),
         )
         args = (tokens, state.memory, state.memory_mask, *caches)
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
             program = torch.export.export(
                 OneRowStep(self.steps, layers), args, dynamic_shapes=shapes, strict=False
             )
