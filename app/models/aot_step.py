@@ -70,7 +70,8 @@ class AotOneRowSteps:
         self._folder: tempfile.TemporaryDirectory | None = None
 
     def fits(self, tokens: Tensor, state, tensors: CacheTensors) -> bool:
-        """Whether this step is one the package computes: one row, plain caches, 2 <= T < max positions."""
+        """Whether this step is one the package computes: one row, float32, plain caches, 2 <= T < max
+        positions."""
         length = tensors.self_k[0].size(2)
         return (
             self.failure is None
@@ -78,6 +79,7 @@ class AotOneRowSteps:
             and state.group == 1
             and tokens.device.type == "cpu"
             and state.memory.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu")  # the package computes as exported: float32
             and all(window is None for window in tensors.windows)
             and all(mask is None for mask in tensors.cross_mask)
             and state.step == length >= 2

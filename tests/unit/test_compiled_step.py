@@ -216,3 +216,14 @@ def test_a_failing_export_leaves_one_row_steps_to_the_other_path(
         compiled, eager = decode_both(model, one_row_sources(src)[0], beam=1)
     assert_same_hypotheses(compiled, eager)
     assert "this step does not export" in model.compiled_steps.one_row.failure
+
+
+def test_aot_leaves_bf16_autocast_to_the_other_steps(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor
+) -> None:
+    """The package computes in float32 as exported: under autocast (the torch-bf16 engine) it stands aside."""
+    model = aot_model(make_transformer, {"kernel": "eager"})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled, eager = decode_both(model, one_row_sources(src)[0], beam=1)
+    assert [h.tokens for hyps in compiled for h in hyps] == [h.tokens for hyps in eager for h in hyps]
+    assert model.compiled_steps.one_row.runner is None
