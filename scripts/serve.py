@@ -17,6 +17,7 @@ from app.checkpoint import CheckpointError
 from app.inference.cli import add_compile_arg, add_ensemble_arg
 from app.inference.engines import ENGINES, open_engine
 from app.serving import ServerLimits, create_app
+from app.serving.warmup import warm_up
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if report := warm_up(engine):  # compiled steps: paid before the first request, not by it
+        print(f"warm-up: {report}", file=sys.stderr)
     uvicorn.run(
         create_app(engine, limits),
         host=args.host,
