@@ -68,7 +68,8 @@ def test_breakdown_splits_each_beams_time_into_encoder_steps_and_the_rest(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     for row in rows:
         split = row["breakdown"]
-        assert split["encode_s"] > 0 and split["steps_s"] > 0 and split["rest_s"] >= 0
+        # rows keep milliseconds: the tiny RNN can encode 3 sentences in under 0.5 ms, so 0.0 is a reading
+        assert split["encode_s"] >= 0 and split["steps_s"] > 0 and split["rest_s"] >= 0
         assert split["encode_s"] + split["steps_s"] <= split["seconds"]
         assert 1 <= split["steps"] <= 6 * 3  # at most max_len steps per batch (3 sentences: one batch)
     greedy, beam = (row["breakdown"] for row in rows)
