@@ -1,6 +1,6 @@
 """A server with compiled decoding steps compiles before it listens, so its first request is answered in
-time: without the warm-up that request would wait out the compile (seconds) and get 503 past a short
-deadline."""
+time: without the warm-up that request would wait out the compile and get 503 past a deadline shorter
+than the compile."""
 
 from __future__ import annotations
 
@@ -48,8 +48,10 @@ def test_compiled_steps_are_paid_before_the_first_request(checkpoint: Path) -> N
     assert report is not None and report.startswith("decoding steps compiled:")
     graphs = int(report.split("compiled: ")[1].split(" graphs")[0])
     assert graphs >= 2  # batch 1 and more rows at least
-    deadline = 2.0
-    assert warm_seconds > deadline  # what the first request would otherwise have waited for
+    # half of what the compile took (the first request would otherwise have waited that long), not a fixed
+    # figure: a fast CPU with a warm inductor cache compiles these graphs in a second or two
+    deadline = max(0.5, warm_seconds / 2)
+    assert warm_seconds > deadline
     limits = ServerLimits(request_timeout_s=deadline, max_wait_ms=10.0)
     sentences = ["Ein Hund läuft.", "Zwei Männer spielen im Park."]
     with running_server(create_app(engine, limits)) as (url, _):
