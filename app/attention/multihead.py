@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from app.attention.base import AttentionKernel, AttentionOutput
 from app.attention.cache import KVCache
+from app.attention.packing import PackedRows
 from app.attention.registry import AttentionConfigError
 
 
@@ -73,6 +74,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         group: int = 1,
+        packed: PackedRows | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, Tq, D) to itself, or to ``memory`` (B, Tk, D) for cross-attention.
 
@@ -83,8 +85,11 @@ class MultiHeadAttention(nn.Module):
         instead of keys and values. Returns the output (B, Tq, D) and, when asked for, the weights
         (B, H, Tq, Tk). With ``group`` G > 1 (cross-attention only), ``x`` is (B*G, Tq, D): G consecutive
         rows per row of ``memory`` (B, Tk, D) and ``key_mask`` (B, Tk), as beam search's K beams share
-        their sentence's source.
+        their sentence's source. With ``packed`` (self-attention without a cache), ``x`` is (N, D): the real
+        rows of a padded batch (:mod:`app.attention.packing`), and so is the output.
         """
+        if packed is not None:
+            return self._attend_packed(x, packed, key_mask=key_mask, causal=causal, need_weights=need_weights)
         if group > 1:
             return self._attend_grouped(
                 x, memory, key_mask=key_mask, cache=cache, need_weights=need_weights, group=group
@@ -154,6 +159,30 @@ class MultiHeadAttention(nn.Module):
             b, heads, _, tk = weights.shape
             weights = weights.view(b, heads, group, tq, tk).transpose(1, 2).reshape(rows, heads, tq, tk)
         return out.reshape(rows, tq, width), weights
+
+    def _attend_packed(
+        self, x: Tensor, packed: PackedRows, *, key_mask: Tensor | None, causal: bool, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention over the real rows ``x`` (N, D) of a padded batch: the projections see those rows
+        only, the kernel the padded (B, H, S, Dh) layout (zeros at the padding, which ``key_mask`` hides)."""
+
+        def heads(projection: nn.Linear, count: int) -> Tensor:
+            return self._split(packed.unpack(projection(x)), count)  # (B, count, S, Dh)
+
+        q = heads(self.q_proj, self.num_heads)
+        v = heads(self.v_proj, self.num_kv_heads)
+        k = heads(self.k_proj, self.num_kv_heads) if self.k_proj is not None else self.kernel.shared_keys(q)
+        out = self.kernel(
+            q,
+            k,
+            v,
+            key_mask=key_mask,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+        )
+        context = packed.pack(out.context.transpose(1, 2))  # (N, H, Dh), gathered from (B, S, H, Dh)
+        return self.out_proj(context.flatten(1)), out.weights
 
     def _merge(self, context: Tensor) -> Tensor:
         """Heads (B, H, Tq, Dh) back to the model width, then the output projection: (B, Tq, D)."""

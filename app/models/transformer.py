@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from app.attention import KVCache, MultiHeadAttention, build_kernel, padding_mask
 from app.attention.factory import AttentionSpec, build_attention
+from app.attention.packing import PackedRows
 from app.models.compiled_step import CompiledSteps
 from app.models.dropout import Dropout
 from app.models.embeddings import SinusoidalPositions, TokenEmbedding
@@ -67,8 +68,10 @@ class EncoderLayer(nn.Module):
         self.attn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
         self.ffn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = self.attn_block(x, lambda h: self.self_attn(h, key_mask=mask)[0])
+    def forward(self, x: Tensor, mask: Tensor, packed: PackedRows | None = None) -> Tensor:
+        """``x`` (B, S, D) with ``mask`` (B, S); with ``packed``, (N, D): only the real rows (see
+        :meth:`Transformer.encode`)."""
+        x = self.attn_block(x, lambda h: self.self_attn(h, key_mask=mask, packed=packed)[0])
         return self.ffn_block(x, self.ffn)
 
 
@@ -247,15 +250,28 @@ class Transformer(Seq2Seq):
         else:
             nn.init.normal_(self.output.weight, std=d_model**-0.5)
 
+    pack_padding = True  # the encoder skips padded rows where it can (see :meth:`encode`)
+
     def embed(self, tokens: Tensor, embedding: TokenEmbedding, offset: int = 0) -> Tensor:
         return self.embed_dropout(self.positions(embedding(tokens), offset))
 
     def encode(self, src: Tensor) -> EncoderOutput:
+        """The encoder's output (B, S, D) for ``src`` (B, S).
+
+        Without gradients (translation, validation) a padded batch runs its position-wise work over the
+        real rows only (:mod:`app.attention.packing`); its memory is zeros at the padding, which every reader
+        masks. Training keeps the padded layout, so its arithmetic and random draws are unchanged.
+        """
         mask = padding_mask(src, self.pad_id)  # (B, S)
         x = self.embed(src, self.src_embed)
+        packed = None
+        if self.pack_padding and not torch.is_grad_enabled() and not bool(mask.all()):
+            packed = PackedRows.of(mask)
+            x = packed.pack(x)  # (N, D)
         for layer in self.encoder:
-            x = layer(x, mask)
-        return EncoderOutput(memory=self.encoder_norm(x), mask=mask)
+            x = layer(x, mask, packed)
+        memory = self.encoder_norm(x)
+        return EncoderOutput(memory=memory if packed is None else packed.unpack(memory), mask=mask)
 
     def decode_features(self, tgt_in: Tensor, encoded: EncoderOutput) -> Tensor:
         """Final decoder states (B, T, D) for the whole target prefix at once, before the output layer."""
