@@ -22,6 +22,7 @@ from app.decoding import (
     output_limits,
     sample_search,
 )
+from app.inference.allocator import keep_freed_memory
 from app.inference.engine import (
     AttentionMap,
     Engine,
@@ -262,6 +263,7 @@ def load_translator(
             members.append(member.model)
         model = Ensemble(members).eval()
     if torch.device(device).type == "cpu":
+        keep_freed_memory()  # large step tensors reuse the heap instead of fresh, page-faulted mappings
         store_column_major(model)  # decoding streams the weights: the layout GEMM reads fastest
         pack_wide_linears(model)  # and the wide linears through oneDNN from 2 rows up
     translator = Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path))

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-MIN_WEIGHTS = 1 << 18  # 256 x 1,024: the feed-forward pair and output layers; d x d projections stay on MKL
+MIN_WEIGHTS = 1 << 18  # 256 x 1,024: the feed-forward pair and output layers, packed from 2 rows
+NARROW_MIN_ROWS = 128  # smaller weights (d x d projections) go through oneDNN from this many rows
 PACKED_FOR_ROWS = 64  # the row count oneDNN is told to expect; the measured speed barely depended on it
 
 
@@ -36,19 +37,21 @@ def onednn_linear_available() -> bool:
 
 
 def pack_wide_linears(model: nn.Module, min_weights: int = MIN_WEIGHTS) -> int:
-    """Pack the weight of every float32 CPU ``nn.Linear`` of ``model`` with at least ``min_weights`` weights
-    for oneDNN; returns how many. Call it on a model loaded to decode; a no-op where oneDNN is missing."""
+    """Pack the weight of every float32 CPU ``nn.Linear`` of ``model`` for oneDNN; returns how many. Those
+    with at least ``min_weights`` weights use it from 2 rows, the others from :data:`NARROW_MIN_ROWS`. Call
+    it on a model loaded to decode; a no-op where oneDNN is missing."""
     if not onednn_linear_available():
         return 0
     packed = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if not isinstance(module, nn.Linear) or weight is None or weight.numel() < min_weights:
+        if not isinstance(module, nn.Linear) or weight is None:
             continue
         if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.is_inference():
             continue  # (an inference tensor has no version counter to tell a changed weight by)
         module.packed_weight = pack_weight(weight)
         module.packed_version = weight._version
+        module.packed_min_rows = 2 if weight.numel() >= min_weights else NARROW_MIN_ROWS
         module.forward = types.MethodType(packed_forward, module)
         packed += 1
     return packed
@@ -60,7 +63,7 @@ def uses_packed(module: nn.Linear, x: Tensor) -> bool:
         not torch.compiler.is_compiling()  # first: nothing below is traced
         and x.dtype == torch.float32
         and x.device.type == "cpu"
-        and x.numel() >= 2 * x.size(-1)
+        and x.numel() >= module.packed_min_rows * x.size(-1)
         and not module.training
         and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")

@@ -17,7 +17,7 @@ from app.inference.engine import SearchSettings
 from app.inference.translator import Translator, load_translator
 from app.models import Transformer
 from app.models.compiled_step import compile_available, compile_decoding
-from app.models.packed_linear import MIN_WEIGHTS, onednn_linear_available, pack_wide_linears
+from app.models.packed_linear import MIN_WEIGHTS, NARROW_MIN_ROWS, onednn_linear_available, pack_wide_linears
 
 pytestmark = [
     pytest.mark.usefixtures("single_torch_thread"),
@@ -68,19 +68,31 @@ def test_weights_made_in_inference_mode_are_left_unpacked() -> None:
     assert pack_wide_linears(layer, min_weights=0) == 0 and not hasattr(layer, "packed_weight")
 
 
-def test_only_wide_linears_are_packed_and_the_state_dict_is_unchanged(
+def test_wide_linears_pack_from_two_rows_narrow_ones_from_more_and_the_state_dict_is_unchanged(
     make_transformer: Callable[..., Transformer],
 ) -> None:
     model = make_transformer(src_vocab_size=30, tgt_vocab_size=30)
     before = {name: value.clone() for name, value in model.state_dict().items()}
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     threshold = max(m.weight.numel() for m in linears)  # the feed-forward pair's size: only they are wide
+    assert pack_wide_linears(model, min_weights=threshold) == len(linears)
     wide = [m for m in linears if m.weight.numel() >= threshold]
-    assert pack_wide_linears(model, min_weights=threshold) == len(wide) < len(linears)
-    packed = [m for m in model.modules() if hasattr(m, "packed_weight")]
-    assert packed == wide
+    assert 0 < len(wide) < len(linears)
+    assert all(m.packed_min_rows == (2 if m in wide else NARROW_MIN_ROWS) for m in linears)
     assert model.state_dict().keys() == before.keys()
     assert all(torch.equal(model.state_dict()[name], value) for name, value in before.items())
+
+
+def test_a_narrow_layer_stays_plain_below_its_row_threshold() -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(48, 80).eval()
+    pack_wide_linears(layer)  # 48 x 80 weights: narrow
+    below, enough = torch.randn(NARROW_MIN_ROWS - 1, 48), torch.randn(NARROW_MIN_ROWS, 48)
+    with torch.inference_mode():
+        assert torch.equal(layer(below), F.linear(below, layer.weight, layer.bias))
+        torch.testing.assert_close(
+            layer(enough), F.linear(enough, layer.weight, layer.bias), rtol=1e-5, atol=1e-5
+        )
 
 
 def decode_all(model: torch.nn.Module, src: torch.Tensor) -> tuple[list, list]:
@@ -115,7 +127,7 @@ def test_compiled_steps_trace_the_plain_linear_and_decode_the_same(
     assert found == greedy_search(plain, src, **common)
 
 
-def test_translators_loaded_on_the_cpu_pack_their_wide_linears(
+def test_translators_loaded_on_the_cpu_pack_their_linears(
     tmp_path: Path, checkpoint_factory: Callable[..., torch.nn.Module]
 ) -> None:
     path = tmp_path / "model.ckpt"
@@ -124,9 +136,13 @@ def test_translators_loaded_on_the_cpu_pack_their_wide_linears(
     model_cfg |= {"decoder_layers": 1, "d_ff": d_ff, "max_positions": 64}
     model = checkpoint_factory(path, model_cfg=model_cfg, attention_cfg={"kernel": "eager"}).eval()
     translator, _ = load_translator(path)
-    packed = {name for name, m in translator.model.named_modules() if hasattr(m, "packed_weight")}
-    assert packed and all("ffn" in name for name in packed)  # 2 per layer, encoder and decoder
-    assert len(packed) == 4
+    packed = {
+        name: m.packed_min_rows for name, m in translator.model.named_modules() if hasattr(m, "packed_weight")
+    }
+    wide = {name for name, rows in packed.items() if rows == 2}
+    assert len(wide) == 4 and all("ffn" in name for name in wide)  # 2 per layer, encoder and decoder
+    linears = {name for name, m in translator.model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert packed.keys() == linears  # the narrow ones too, from NARROW_MIN_ROWS rows
     plain = Translator(model, translator.src_tokenizer, translator.tgt_tokenizer)
     lines = ["ein Hund läuft .", "zwei Männer spielen Fußball auf einer Wiese .", ""]
     for settings in (SearchSettings(beam=1, batch_size=2), SearchSettings(beam=3, batch_size=2)):
