@@ -70,13 +70,13 @@ def candidates_ms(rows: int, beam: int, vocab: int, repeats: int) -> tuple[float
     scores = -5 * torch.rand(rows // beam, beam)
     log_probs = torch.log_softmax(3 * torch.randn(rows, vocab), dim=-1)
     width = min(2 * beam, beam * vocab)
-    direct = ranked_directly(scores, log_probs, beam, width)
+    direct = ranked_directly(scores, log_probs, width)
     if not all(
         torch.equal(a, b) for a, b in zip(direct, top_candidates(scores, log_probs, beam), strict=True)
     ):
         raise AssertionError("chunked ranking picked other candidates than topk over every score")
     plain = median_ms(
-        lambda: ranked_directly(scores, log_probs, beam, width), repeats=repeats, warmup=3, device=CPU
+        lambda: ranked_directly(scores, log_probs, width), repeats=repeats, warmup=3, device=CPU
     )
     chunked = median_ms(
         lambda: top_candidates(scores, log_probs, beam), repeats=repeats, warmup=3, device=CPU

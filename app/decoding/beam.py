@@ -142,9 +142,17 @@ def beam_hypotheses(
     done = torch.zeros(src.size(0), dtype=torch.long, device=src.device)  # finished hypotheses per sentence
     limit_steps = frozenset(limits.tolist())  # every row's limit is one of these, however rows leave
     for step in range(int(limits.max())):
-        log_probs = first if step == 0 and first is not None else model.decode_step(beams.tokens, state)
-        log_probs = constrain(log_probs, step, beams.limits, eos_id, banned, limit_steps=limit_steps)
-        cand_scores, cand_beam, cand_token = top_candidates(beams.scores, log_probs, k)
+        if (
+            step == 0 and first is not None and first.size(1) >= 2 * k
+        ):  # one row per sentence (see start_state)
+            log_probs, scores, row_limits = first, beams.scores[:, :1], beams.limits[::k]
+        elif step == 0 and first is not None:  # fewer subwords than 2K candidates: rank the K copies
+            log_probs, scores, row_limits = first.repeat_interleave(k, dim=0), beams.scores, beams.limits
+        else:
+            log_probs = model.decode_step(beams.tokens, state)
+            scores, row_limits = beams.scores, beams.limits
+        log_probs = constrain(log_probs, step, row_limits, eos_id, banned, limit_steps=limit_steps)
+        cand_scores, cand_beam, cand_token = top_candidates(scores, log_probs, k)
         collect_finished(finished, done, beams, cand_scores, cand_beam, cand_token, log_probs, eos_id, alpha)
         live = done[beams.sentence] < k  # (b,)
         if not bool(live.any()):
@@ -159,11 +167,13 @@ def start_state(
     model: Seq2Seq, encoded: EncoderOutput, k: int, bos_id: int
 ) -> tuple[DecoderState, Tensor | None]:
     """The decoder state with K rows per sentence (B*K,), sentence by sentence, and the first step's
-    log-probabilities (B*K, V) where they are computed already (else None: the search computes them).
+    log-probabilities (B, V), one row per sentence, where they are computed already (else None: the search
+    computes them, K rows per sentence).
 
     All K beams of a sentence start from BOS with the same state, so where the model can widen a state
     (``widens_beams``) the first step decodes one row per sentence, then the state is widened: the first
-    step costs a K-th of the work, and the outputs are the same.
+    step costs a K-th of the work, and the outputs are the same. Its candidates are ranked from that one
+    row too (the K copies would add only candidates of dead beams, scored -inf).
     """
     if k == 1 or not model.widens_beams:
         return model.start_beams(encoded, k), None
@@ -171,7 +181,16 @@ def start_state(
     bos = torch.full((encoded.memory.size(0),), bos_id, dtype=torch.long, device=encoded.memory.device)
     log_probs = model.decode_step(bos, state)  # (B, V)
     model.widen_beams(state, k)
-    return state, log_probs.repeat_interleave(k, dim=0)
+    return state, log_probs
+
+
+def first_rows(first: Tensor, beams: Beams) -> tuple[Tensor, Tensor, Tensor]:
+    """The first step's log-probabilities, beam scores and length limits to rank, from ``first`` (B, V):
+    one row per sentence, or the K copies where V < 2K (too few subwords for 2K candidates from one row)."""
+    k = beams.scores.size(1)
+    if first.size(1) >= 2 * k:
+        return first, beams.scores[:, :1], beams.limits[::k]
+    return first.repeat_interleave(k, dim=0), beams.scores, beams.limits
 
 
 def surviving_candidates(cand_token: Tensor, eos_id: int, k: int) -> Tensor:
@@ -204,8 +223,10 @@ def collect_finished(
     length = beams.history.size(1) + 1  # tokens so far plus EOS
     penalty = length_penalty(length, alpha)
     live_pos, pos = ends.nonzero(as_tuple=True)
-    parent = live_pos * k + cand_beam[live_pos, pos]  # (E,) rows that end here
-    eos_scores = log_probs[parent, eos_id]
+    beam = cand_beam[live_pos, pos]
+    parent = live_pos * k + beam  # (E,) rows of the beams that end here
+    rows_per_sentence = log_probs.size(0) // beams.scores.size(0)  # K, or 1 on the first step
+    eos_scores = log_probs[live_pos * rows_per_sentence + beam, eos_id]
     histories, token_scores = beams.history[parent].tolist(), beams.token_scores[parent].tolist()
     sentences, totals = beams.sentence[live_pos].tolist(), cand_scores[live_pos, pos].tolist()
     for sentence, total, tokens, scores, eos in zip(

@@ -31,31 +31,32 @@ def chunk_width(vocab: int) -> int | None:
 def top_candidates(scores: Tensor, log_probs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The 2K best continuations per sentence, best first: (scores, source beam, token), each (B, 2K).
 
-    ``scores`` (B, K) are the beams' summed log-probabilities, ``log_probs`` (B*K, V) the next token's.
+    ``scores`` (B, R) are the beams' summed log-probabilities, ``log_probs`` (B*R, V) the next token's: R
+    rows per sentence, K of them, or 1 on the first step, when a sentence's K beams are still one.
     """
-    vocab = log_probs.size(-1)
-    width = min(2 * k, k * vocab)
+    vocab, rows = log_probs.size(-1), scores.size(1)
+    width = min(2 * k, rows * vocab)
     chunk = chunk_width(vocab)
-    if chunk is None or k * (vocab // chunk) < width:
-        return ranked_directly(scores, log_probs, k, width)
-    return ranked_by_chunks(scores, log_probs, k, width, chunk)
+    if chunk is None or rows * (vocab // chunk) < width:
+        return ranked_directly(scores, log_probs, width)
+    return ranked_by_chunks(scores, log_probs, width, chunk)
 
 
-def ranked_directly(scores: Tensor, log_probs: Tensor, k: int, width: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``topk`` over all K*V shifted scores of each sentence."""
-    batch, vocab = scores.size(0), log_probs.size(-1)
-    total = scores[:, :, None] + log_probs.view(batch, k, vocab)  # (B, K, V)
+def ranked_directly(scores: Tensor, log_probs: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``topk`` over all R*V shifted scores of each sentence (``scores`` (B, R), ``log_probs`` (B*R, V))."""
+    (batch, rows), vocab = scores.shape, log_probs.size(-1)
+    total = scores[:, :, None] + log_probs.view(batch, rows, vocab)  # (B, R, V)
     cand_scores, flat = total.view(batch, -1).topk(width, dim=1)
     return cand_scores, flat // vocab, flat % vocab
 
 
 def ranked_by_chunks(
-    scores: Tensor, log_probs: Tensor, k: int, width: int, chunk: int
+    scores: Tensor, log_probs: Tensor, width: int, chunk: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``topk`` over the ``width`` best chunks of each sentence (see the module's docstring)."""
-    batch, vocab = scores.size(0), log_probs.size(-1)
+    (batch, k), vocab = scores.shape, log_probs.size(-1)  # k: rows per sentence
     per_row = vocab // chunk
-    maxima = log_probs.view(batch, k, per_row, chunk).amax(-1) + scores[:, :, None]  # (B, K, V/C)
+    maxima = log_probs.view(batch, k, per_row, chunk).amax(-1) + scores[:, :, None]  # (B, R, V/C)
     best = maxima.view(batch, -1).topk(width, dim=1).indices  # (B, W) chunk ids: beam * V/C + chunk
     beam = best // per_row  # (B, W)
     rows = torch.arange(batch, device=scores.device)[:, None] * k + beam  # (B, W) rows of log_probs

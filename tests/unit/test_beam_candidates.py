@@ -37,7 +37,7 @@ def test_chunked_ranking_equals_ranking_every_score(seed: int, k: int, vocab: in
     scores, log_probs = shifted_scores(7, k, vocab, seed)
     assert chunk_width(vocab) is not None
     chunked = top_candidates(scores, log_probs, k)
-    direct = ranked_directly(scores, log_probs, k, min(2 * k, k * vocab))
+    direct = ranked_directly(scores, log_probs, min(2 * k, k * vocab))
     for got, want in zip(chunked, direct, strict=True):
         assert torch.equal(got, want)
 
@@ -62,7 +62,7 @@ def test_dead_beams_and_banned_tokens_rank_finite_candidates_first() -> None:
     log_probs[1::k] = float("-inf")  # the second beam of each sentence: every token banned
     log_probs[::k, eos + 1 :] = float("-inf")  # the first beam: only ids 0..EOS allowed
     cand_scores, _, token = top_candidates(scores, log_probs, k)
-    want_scores, _, want_tokens = ranked_directly(scores, log_probs, k, 2 * k)
+    want_scores, _, want_tokens = ranked_directly(scores, log_probs, 2 * k)
     finite = torch.isfinite(want_scores)
     assert finite.sum(dim=1).tolist() == [eos + 1, eos + 1]
     assert torch.equal(cand_scores[finite], want_scores[finite])
@@ -83,3 +83,16 @@ def test_beam_search_outputs_are_the_same_with_and_without_chunks(
     chunked = beam_search(model, src, banned=(0, 2), **common)
     monkeypatch.setattr(candidates, "chunk_width", lambda vocab: None)
     assert beam_search(model, src, banned=(0, 2), **common) == chunked
+
+
+@pytest.mark.parametrize("vocab", [640, 8000])
+def test_the_first_step_ranks_one_row_as_its_k_copies(vocab: int) -> None:
+    """Before the first step a sentence's K beams are one (the others score -inf): ranking its one row gives
+    the candidates that ranking the K copies gives."""
+    k = 5
+    scores, log_probs = shifted_scores(3, 1, vocab, seed=2)  # (B, 1), (B, V)
+    dead = torch.full((3, k - 1), float("-inf"), dtype=scores.dtype)
+    one = top_candidates(scores, log_probs, k)
+    copies = top_candidates(torch.cat([scores, dead], dim=1), log_probs.repeat_interleave(k, dim=0), k)
+    assert one[1].eq(0).all() and copies[1].eq(0).all()  # every candidate from the live beam
+    assert torch.equal(one[0], copies[0]) and torch.equal(one[2], copies[2])
