@@ -10,8 +10,10 @@ then the library's C++ run of the graph, checking only its inputs' sizes.
 What is compiled: :meth:`CompiledSteps.step <app.models.compiled_step.CompiledSteps.step>`, the function
 ``torch.compile`` compiles, for one row (batch 1, greedy) with caches the compiled path can hand over
 plainly: no sliding window (its cache trims itself by a size test), no reduced cross-attention keys
-(Linformer's mask), T of 2 or more. Anything else (more rows, beams, the first steps) returns None and
-goes on to the ``torch.compile``d or eager step. The package is built at the first step that fits (~15-25 s
+(Linformer's mask), a source of 2 tokens or more, from the second step on (T >= 1: the cache length is
+exported size-oblivious, so a cache of one position does not specialize it). Anything else (more rows,
+beams, the first step, which fills the cross-attention caches) returns None and goes on to the
+``torch.compile``d or eager step. The package is built at the first step that fits (~15-25 s
 on 2 CPU cores, reported with the compile time) into a temporary folder and lives as long as the model.
 Fallback: an export or compile error is warned about once and the one-row steps stay on the other path.
 """
@@ -59,6 +61,23 @@ class OneRowStep(nn.Module):
         return (log_probs, *self_k, *self_v)
 
 
+def standard_strides(tensor: Tensor) -> Tensor:
+    """``tensor`` with the strides its sizes give a contiguous tensor (a copy only where they differ).
+
+    A cache of one position counts as contiguous whatever its stride along that position (the first step's
+    head-split view keeps the projection's), and the package, compiled with that length symbolic, expects
+    the strides its sizes give: handed the view, its second step decoded differently from eager (27 of 30
+    test sentences).
+    """
+    expected, step = [], 1
+    for size in reversed(tensor.shape):
+        expected.append(step)
+        step *= size
+    if tensor.stride() == tuple(reversed(expected)):
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
 class AotOneRowSteps:
     """Batch-1 greedy steps through an AOTInductor package of :class:`OneRowStep` (see the module doc)."""
 
@@ -70,8 +89,8 @@ class AotOneRowSteps:
         self._folder: tempfile.TemporaryDirectory | None = None
 
     def fits(self, tokens: Tensor, state, tensors: CacheTensors) -> bool:
-        """Whether this step is one the package computes: one row, float32, plain caches, 2 <= T < max
-        positions."""
+        """Whether this step is one the package computes: one row, float32, plain caches, 1 <= T < max
+        positions, S >= 2."""
         length = tensors.self_k[0].size(2)
         return (
             self.failure is None
@@ -82,7 +101,7 @@ class AotOneRowSteps:
             and not torch.is_autocast_enabled("cpu")  # the package computes as exported: float32
             and all(window is None for window in tensors.windows)
             and all(mask is None for mask in tensors.cross_mask)
-            and state.step == length >= 2
+            and state.step == length >= 1
             and length < self.steps.model.max_positions
             and state.memory.size(1) >= 2
         )
@@ -92,6 +111,7 @@ class AotOneRowSteps:
         if not self.fits(tokens, state, tensors):
             return None
         caches = (*tensors.self_k, *tensors.self_v, *tensors.cross_k, *tensors.cross_v)
+        caches = tuple(map(standard_strides, caches))
         if self.runner is None:
             try:
                 self.runner = self.build(tokens, state, caches)
@@ -113,7 +133,7 @@ class AotOneRowSteps:
         started = time.perf_counter()
         model = self.steps.model
         source = Dim("source", min=2, max=model.max_positions)
-        cached = Dim("cached", min=2, max=model.max_positions - 1)  # one more position must fit
+        cached = Dim("cached", min=1, max=model.max_positions - 1)  # one more position must fit
         layers = len(state.caches)
         shapes = (
             {},
@@ -122,7 +142,9 @@ class AotOneRowSteps:
             (*[{2: cached}] * (2 * layers), *[{2: source}] * (2 * layers)),
         )
         args = (tokens, state.memory, state.memory_mask, *caches)
-        with torch.no_grad(), warnings.catch_warnings():
+        # A cache of one position (step 1) stays symbolic instead of specialized to its size
+        size_oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
+        with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
             program = torch.export.export(
                 OneRowStep(self.steps, layers), args, dynamic_shapes=shapes, strict=False

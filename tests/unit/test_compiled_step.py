@@ -19,6 +19,7 @@ from app.decoding import output_limits
 from app.decoding.beam import beam_hypotheses
 from app.decoding.greedy import greedy_hypotheses
 from app.models import Transformer
+from app.models.aot_step import standard_strides
 from app.models.compiled_step import CompiledSteps, compile_available, compile_decoding, own_code
 
 pytestmark = [
@@ -227,3 +228,12 @@ def test_aot_leaves_bf16_autocast_to_the_other_steps(
         compiled, eager = decode_both(model, one_row_sources(src)[0], beam=1)
     assert [h.tokens for hyps in compiled for h in hyps] == [h.tokens for hyps in eager for h in hyps]
     assert model.compiled_steps.one_row.runner is None
+
+
+def test_standard_strides_copies_only_a_tensor_whose_strides_differ() -> None:
+    plain = torch.randn(1, 4, 3, 8)
+    assert standard_strides(plain) is plain
+    view = torch.randn(1, 1, 4, 8).transpose(1, 2)  # (1, 4, 1, 8): contiguous, yet stride 32 along T
+    assert view.is_contiguous() and view.stride() != (32, 8, 8, 1)
+    fixed = standard_strides(view)
+    assert fixed.stride() == (32, 8, 8, 1) and torch.equal(fixed, view)
