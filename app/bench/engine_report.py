@@ -64,10 +64,16 @@ def report(result: dict[str, Any]) -> str:
     """The Markdown output: the command, the machine, then :func:`speed_table`."""
     flags = ", ".join(result["cpu_flags"]) or "none of avx2, avx512f, bf16, amx"
     rounds = result["config"]["rounds"]
+    compiled = result.get("compile_report")
     return (
         f"Command: `{result['command']}`\n\n"
         f"CPU: {result['cpu']} (flags: {flags}; fast bf16: {result['cpu_has_fast_bf16']}); "
         f"torch {result['torch']}, ctranslate2 {result['ctranslate2']}. {result['sentences']} sentences of "
         f"`{result['source']}`; medians of {rounds} round{'s' * (rounds != 1)}, the order rotating.\n\n"
+        + (
+            f"Torch engines, compile={result['config'].get('compile', 'off')}: {compiled}.\n\n"
+            if compiled
+            else ""
+        )
         + speed_table(result)
     )

@@ -83,12 +83,13 @@ def engine_set(
 
 @contextmanager
 def open_engines(
-    checkpoint: str | Path, kinds: list[str], threads: list[int]
+    checkpoint: str | Path, kinds: list[str], threads: list[int], *, compile: str = "off"
 ) -> Iterator[dict[EngineKey, Engine]]:
-    """An engine per (kind, threads) for ``checkpoint`` as trained (kernel None); CTranslate2 exports
-    live in a temporary directory meanwhile. Each engine's ``tgt_tokenizer`` counts its output subwords."""
+    """An engine per (kind, threads) for ``checkpoint`` as trained (kernel None), the torch ones with their
+    decoding steps compiled per ``compile``; CTranslate2 exports live in a temporary directory meanwhile.
+    Each engine's ``tgt_tokenizer`` counts its output subwords."""
     check_kinds(kinds)
-    torch_engine = open_engine(checkpoint, engine="torch")
+    torch_engine = open_engine(checkpoint, engine="torch", compile=compile)
     with tempfile.TemporaryDirectory(prefix="bench_decoding_") as tmp:
 
         def export(kind: str) -> Path:

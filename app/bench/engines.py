@@ -53,6 +53,7 @@ from app.checkpoint import CheckpointError
 from app.hardware import cpu_description, cpu_has_fast_bf16
 from app.inference.engine import Engine, SearchSettings
 from app.inference.metrics import corpus_scores
+from app.models.compiled_step import COMPILE_MODES
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class BenchmarkConfig:
     kernels: list[str] | None = None  # attention configs (conf/attention) to decode with; None: as trained
     checkpoint_for: dict[str, str] = field(default_factory=dict)  # kernel -> a checkpoint trained with it
     init_missing: bool = False  # time kernels whose parameters the checkpoint lacks with fresh ones
+    compile: str = "off"  # the torch engines' decoding steps (translate.py's --compile)
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or min(self.threads + self.batches + self.beams) < 1:
@@ -122,6 +124,8 @@ class BenchmarkConfig:
             )
         if self.kernels is None and (self.checkpoint_for or self.init_missing):
             raise ValueError("--checkpoint-for and --init-missing need --kernels")
+        if self.kernels is not None and self.compile != "off":
+            raise ValueError("--compile applies to the checkpoint as trained: not with --kernels")
 
 
 Variant = tuple[str | None, str]  # (kernel, engine kind)
@@ -148,7 +152,7 @@ def open_bench_engines(
 ) -> Iterator[tuple[dict[EngineKey, Engine], dict[str, KernelVariant]]]:
     """The engines to measure, keyed (kernel, kind, threads), and what each ``--kernels`` name became."""
     if config.kernels is None:
-        with open_engines(checkpoint, config.engines, config.threads) as engines:
+        with open_engines(checkpoint, config.engines, config.threads, compile=config.compile) as engines:
             yield engines, {}
         return
     with open_kernel_engines(
@@ -173,9 +177,8 @@ def benchmark(
     measurements: dict[Case, Measurement] = {}
     with open_bench_engines(checkpoint, config) as (engines, kernels):
         variants = list(dict.fromkeys((kernel, kind) for kernel, kind, _ in engines))
-        for engine in engines.values():  # warm-up: allocators, thread pools, lazy initialization
-            for beam in config.beams:
-                engine.translate(sources[:4], SearchSettings(beam=beam))
+        for engine in engines.values():
+            warm_up(engine, sources, config)
         for round_index in range(config.rounds if variants else 0):
             for case in round_cases(config, round_index, variants):
                 lines = sources[: config.latency_lines] if case.batch == 1 else sources
@@ -185,7 +188,20 @@ def benchmark(
                 found.seconds.append(seconds)
                 found.outputs = outputs
                 found.target_tokens = sum(len(ids) + 1 for ids in engine.tgt_tokenizer.encode(outputs))
-    return summarize(measurements, sources, references, config, kernels)
+    found = summarize(measurements, sources, references, config, kernels)
+    reports = {getattr(engine, "compile_report", lambda: None)() for engine in engines.values()}
+    return found | {"compile_report": next((r for r in reports if r), None)}
+
+
+def warm_up(engine: Engine, sources: list[str], config: BenchmarkConfig) -> None:
+    """Untimed runs of every (batch, beam) case on a few sentences: allocators, thread pools, lazy
+    initialization, and with ``--compile`` every graph and package the timed cases will use."""
+    for batch in config.batches:
+        for beam in config.beams:
+            settings = SearchSettings(beam=beam, batch_size=batch)
+            groups = [[line] for line in sources[:2]] if batch == 1 else [sources[:16]]
+            for group in groups:
+                engine.translate(group, settings)
 
 
 def summarize(
@@ -265,6 +281,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="time kernels with parameters the checkpoint lacks (linformer's) with fresh ones, not skip them",
     )
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_MODES,
+        default="off",
+        help="compile the torch engines' decoding steps as translate.py --compile does (compile time stays "
+        "in an untimed warm-up of every case)",
+    )
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="1 = latency")
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 5], help="1 = greedy")
@@ -297,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             kernels=(args.kernels or available_kernels()) if args.kernels is not None else None,
             checkpoint_for=dict(args.checkpoint_for),
             init_missing=args.init_missing,
+            compile=args.compile,
         )
         sources = read_lines(args.source, args.limit)
         references = read_lines(args.reference, args.limit) if args.reference.is_file() else None

@@ -84,11 +84,12 @@ class Translator(Engine):
             return f"decoding eager: torch.compile failed ({failed[0]})"
         graphs, seconds = sum(r.graphs for r in runners), sum(r.seconds for r in runners)
         report = f"decoding steps compiled: {graphs} graphs in {seconds:.1f} s (paid once per process)"
-        ahead = [r.one_row for r in runners if r.one_row is not None]
-        if built := [a for a in ahead if a.runner is not None]:
-            report += f"; one-row steps compiled ahead of time in {sum(a.seconds for a in built):.1f} s"
-        elif failures := [a.failure for a in ahead if a.failure]:
-            report += f"; one-row steps not compiled ahead of time ({failures[0]})"
+        ahead = [r.ahead for r in runners if r.ahead is not None]
+        if packages := sum(len(a.runners) for a in ahead):
+            seconds = sum(a.seconds for a in ahead)
+            report += f"; batch-1 steps compiled ahead of time: {packages} package(s) in {seconds:.1f} s"
+        if failures := [a.failure for a in ahead if a.failure]:
+            report += f"; batch-1 steps not compiled ahead of time ({failures[0]})"
         return report
 
     @property

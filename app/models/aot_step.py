@@ -1,4 +1,5 @@
-"""One-row decoding steps (batch-1 greedy) compiled ahead of time with AOTInductor, for the CPU.
+"""One sentence's decoding steps (batch 1: greedy's one row, beam search's K) compiled ahead of time with
+AOTInductor, for the CPU.
 
 Why: a ``torch.compile``d step pays dynamo's entry on every call: guards over the model's parameters and
 the cache tensors, the step's bytecode, the runtime wrappers. At one row a step's products take ~1.1 ms
@@ -8,14 +9,17 @@ length T symbolic, AOTInductor compiles it into a shared library with the weight
 then the library's C++ run of the graph, checking only its inputs' sizes.
 
 What is compiled: :meth:`CompiledSteps.step <app.models.compiled_step.CompiledSteps.step>`, the function
-``torch.compile`` compiles, for one row (batch 1, greedy) with caches the compiled path can hand over
-plainly: no sliding window (its cache trims itself by a size test), no reduced cross-attention keys
-(Linformer's mask), a source of 2 tokens or more, from the second step on (T >= 1: the cache length is
-exported size-oblivious, so a cache of one position does not specialize it). Anything else (more rows,
-beams, the first step, which fills the cross-attention caches) returns None and goes on to the
-``torch.compile``d or eager step. The package is built at the first step that fits (~15-25 s
-on 2 CPU cores, reported with the compile time) into a temporary folder and lives as long as the model.
-Fallback: an export or compile error is warned about once and the one-row steps stay on the other path.
+``torch.compile`` compiles, for the rows of one sentence (batch 1: one row greedy, K rows with beam K; one
+package per row count, up to :data:`MAX_ROWS`) with caches the compiled path can hand over plainly: no
+sliding window (its cache trims itself by a size test), no reduced cross-attention keys (Linformer's
+mask), a source of 2 tokens or more, from the second step on (T >= 1: the cache length is exported
+size-oblivious, so a cache of one position does not specialize it). Anything else (several sentences, the
+first step, which fills the cross-attention caches) returns None and goes on to the ``torch.compile``d or
+eager step. A batch of several sentences that shrinks to one (the others finished) uses, and if need be
+builds, the package of its row count too. A package is built at the first step that fits its row count
+(~13-25 s on 2 CPU cores, reported with the compile time) into a temporary folder and lives as long as the
+model. Fallback: an export or compile error is warned about once and every such step stays on the other
+path.
 """
 
 from __future__ import annotations
@@ -35,13 +39,17 @@ if TYPE_CHECKING:
     from app.models.compiled_step import CompiledSteps
 
 
-class OneRowStep(nn.Module):
-    """The step as a module of flat tensors, for ``torch.export``: tokens (1,), memory (1, S, D), its mask
-    (1, S), then each layer's self keys, self values, cross keys, cross values: (1, Hkv, T or S, Dh)."""
+MAX_ROWS = 16  # the largest beam compiled ahead of time (one package per row count)
 
-    def __init__(self, steps: CompiledSteps, layers: int) -> None:
+
+class SentenceStep(nn.Module):
+    """The step as a module of flat tensors, for ``torch.export``: tokens (G,) for one sentence's G rows,
+    memory (1, S, D), its mask (1, S), then each layer's self keys, self values (G, Hkv, T, Dh), cross
+    keys, cross values (1 or G, Hkv, S, Dh: shared by the beams or one copy each)."""
+
+    def __init__(self, steps: CompiledSteps, layers: int, group: int) -> None:
         super().__init__()
-        self.steps, self.layers = steps, layers
+        self.steps, self.layers, self.group = steps, layers, group
         self.model = steps.model  # a submodule: export lifts its weights into the program
 
     def forward(
@@ -57,7 +65,7 @@ class OneRowStep(nn.Module):
             windows=(None,) * n,
         )
         step = caches[0].size(2)  # T positions decoded so far (no window: the step number)
-        log_probs, self_k, self_v = self.steps.step(tokens, step, memory, memory_mask, 1, tensors)
+        log_probs, self_k, self_v = self.steps.step(tokens, step, memory, memory_mask, self.group, tensors)
         return (log_probs, *self_k, *self_v)
 
 
@@ -78,24 +86,24 @@ def standard_strides(tensor: Tensor) -> Tensor:
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
-class AotOneRowSteps:
-    """Batch-1 greedy steps through an AOTInductor package of :class:`OneRowStep` (see the module doc)."""
+class AotSentenceSteps:
+    """One sentence's steps through AOTInductor packages of :class:`SentenceStep` (see the module doc)."""
 
     def __init__(self, steps: CompiledSteps) -> None:
         self.steps = steps
-        self.runner = None  # the loaded package, once built
+        self.runners: dict[tuple[int, int], object] = {}  # (rows, cross-attention rows) -> loaded package
         self.failure: str | None = None
-        self.seconds = 0.0  # export + compile + load
+        self.seconds = 0.0  # export + compile + load, all packages
         self._folder: tempfile.TemporaryDirectory | None = None
 
     def fits(self, tokens: Tensor, state, tensors: CacheTensors) -> bool:
-        """Whether this step is one the package computes: one row, float32, plain caches, 1 <= T < max
+        """Whether a package computes this step: one sentence, float32, plain caches, 1 <= T < max
         positions, S >= 2."""
         length = tensors.self_k[0].size(2)
         return (
             self.failure is None
-            and tokens.size(0) == 1
-            and state.group == 1
+            and state.memory.size(0) == 1
+            and tokens.size(0) == state.group <= MAX_ROWS
             and tokens.device.type == "cpu"
             and state.memory.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu")  # the package computes as exported: float32
@@ -107,19 +115,20 @@ class AotOneRowSteps:
         )
 
     def __call__(self, tokens: Tensor, state, tensors: CacheTensors) -> Tensor | None:
-        """Log-probabilities (1, V) after ``tokens`` (1,), updating ``state``; None where it does not fit."""
+        """Log-probabilities (G, V) after ``tokens`` (G,), updating ``state``; None where it does not fit."""
         if not self.fits(tokens, state, tensors):
             return None
         caches = (*tensors.self_k, *tensors.self_v, *tensors.cross_k, *tensors.cross_v)
         caches = tuple(map(standard_strides, caches))
-        if self.runner is None:
+        key = (tokens.size(0), tensors.cross_k[0].size(0))
+        if (runner := self.runners.get(key)) is None:
             try:
-                self.runner = self.build(tokens, state, caches)
+                runner = self.runners[key] = self.build(tokens, state, caches)
             except Exception as error:
                 self.failure = describe_failure(error)
-                warnings.warn(f"one-row steps not compiled ahead of time ({self.failure})", stacklevel=3)
+                warnings.warn(f"decoding steps not compiled ahead of time ({self.failure})", stacklevel=3)
                 return None
-        log_probs, *new = self.runner(tokens, state.memory, state.memory_mask, *caches)
+        log_probs, *new = runner(tokens, state.memory, state.memory_mask, *caches)
         layers = len(state.caches)
         for cache, k, v in zip(state.caches, new[:layers], new[layers:], strict=True):
             cache.self_attn.k, cache.self_attn.v = k, v
@@ -127,7 +136,7 @@ class AotOneRowSteps:
         return log_probs
 
     def build(self, tokens: Tensor, state, caches: tuple[Tensor, ...]):
-        """Export the step with S and T symbolic, compile it with AOTInductor, load it."""
+        """Export the step for these rows with S and T symbolic, compile it with AOTInductor, load it."""
         from torch.export import Dim
 
         started = time.perf_counter()
@@ -147,12 +156,14 @@ class AotOneRowSteps:
         with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
             program = torch.export.export(
-                OneRowStep(self.steps, layers), args, dynamic_shapes=shapes, strict=False
+                SentenceStep(self.steps, layers, state.group), args, dynamic_shapes=shapes, strict=False
             )
-            self._folder = tempfile.TemporaryDirectory(prefix="attn-mt-aot-")
+            if self._folder is None:
+                self._folder = tempfile.TemporaryDirectory(prefix="attn-mt-aot-")
+            rows = tokens.size(0)
             package = torch._inductor.aoti_compile_and_package(
-                program, package_path=str(Path(self._folder.name) / "one_row_step.pt2")
+                program, package_path=str(Path(self._folder.name) / f"step_{rows}_rows.pt2")
             )
             runner = torch._inductor.aoti_load_package(package)
-        self.seconds = time.perf_counter() - started
+        self.seconds += time.perf_counter() - started
         return runner

@@ -166,11 +166,13 @@ class CompiledSteps:
         self.failure: str | None = None  # why compilation was given up (then every step is eager)
         self.seconds = 0.0  # wall time of the calls that compiled a graph (compile time, reported apart)
         self.graphs = 0  # graphs compiled so far
-        self.one_row = None  # batch-1 greedy steps compiled ahead of time (compile mode "aot"), tried first
+        self.ahead = (
+            None  # batch-1 steps (greedy, beams) compiled ahead of time (compile mode "aot"), tried first
+        )
         if ahead_of_time:
-            from app.models.aot_step import AotOneRowSteps
+            from app.models.aot_step import AotSentenceSteps
 
-            self.one_row = AotOneRowSteps(self)
+            self.ahead = AotSentenceSteps(self)
 
     def __call__(self, tokens: Tensor, state) -> Tensor | None:
         """Log-probabilities (B, V) after ``tokens`` (B,), updating ``state``; None: run the eager step."""
@@ -184,7 +186,7 @@ class CompiledSteps:
         tensors = CacheTensors.read(state.caches)
         if tensors is None:
             return None
-        if self.one_row is not None and (log_probs := self.one_row(tokens, state, tensors)) is not None:
+        if self.ahead is not None and (log_probs := self.ahead(tokens, state, tensors)) is not None:
             return log_probs
         mark_dynamic(tokens, state.memory, state.memory_mask, tensors)
         frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -234,9 +236,9 @@ def compile_decoding(model: torch.nn.Module, mode: str) -> str | None:
     """Compile the decoding steps of every Transformer in ``model`` (itself, or an ensemble's members).
 
     ``mode``: "on" compiles on any device, "auto" on the CPU only (where it was measured to pay), "aot" as
-    "on" and, on the CPU, one-row steps (batch-1 greedy) through AOTInductor (:mod:`app.models.aot_step`),
-    "off" never. Returns why decoding stays eager, or None when it compiles (a later failure still falls
-    back).
+    "on" and, on the CPU, one sentence's steps (batch 1, greedy or beam) through AOTInductor
+    (:mod:`app.models.aot_step`), "off" never. Returns why decoding stays eager, or None when it compiles
+    (a later failure still falls back).
     """
     from app.models.transformer import Transformer
 

@@ -18,6 +18,7 @@ from app.bench import engines as bench_engines
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.metrics import corpus_scores
+from app.models.compiled_step import compile_available
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -74,3 +75,40 @@ def test_bench_engines_rejects_an_unknown_engine(tmp_path: Path, capsys: pytest.
     with pytest.raises(SystemExit) as exited:
         bench_engines.main([str(tmp_path / "x.ckpt"), "--engines", "onnx"])
     assert exited.value.code == 2 and "invalid choice: 'onnx'" in capsys.readouterr().err
+
+
+def test_bench_engines_compile_needs_the_checkpoint_as_trained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench_engines.main([str(tmp_path / "x.ckpt"), "--kernels", "eager", "--compile", "on"]) == 2
+    assert "--compile applies to the checkpoint as trained" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(compile_available() is not None, reason="inductor finds no C++ compiler here")
+def test_bench_engines_compiles_the_torch_engine_before_timing(
+    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "model.ckpt"
+    checkpoint_factory(checkpoint, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
+    source = tmp_path / "src.de"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    out = tmp_path / "bench.json"
+    args = [
+        str(checkpoint),
+        "--source",
+        str(source),
+        "--reference",
+        str(tmp_path / "none.en"),
+        "--limit",
+        "4",
+    ]
+    args += ["--engines", "torch-fp32", "--threads", "1", "--batches", "1", "4", "--beams", "1", "2"]
+    args += ["--rounds", "1", "--compile", "on", "--json", str(out)]
+    run = run_script(*args)
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["config"]["compile"] == "on"
+    assert result["compile_report"].startswith("decoding steps compiled:")
+    assert "Torch engines, compile=on: decoding steps compiled" in run.stdout
+    assert {(r["batch"], r["beam"]) for r in result["rows"]} == {(1, 1), (1, 2), (4, 1), (4, 2)}

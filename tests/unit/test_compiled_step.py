@@ -183,16 +183,22 @@ def one_row_sources(src: torch.Tensor) -> list[torch.Tensor]:
     return [row[: int((row != PAD).sum())][None] for row in src]
 
 
-def test_aot_one_row_steps_equal_eager(
+def test_aot_sentence_steps_equal_eager(
     make_transformer: Callable[..., Transformer], src: torch.Tensor
 ) -> None:
-    """Batch-1 greedy through the AOTInductor package, one package for every source and cache length."""
+    """Batch-1 greedy and beam search through the AOTInductor packages (one per row count, every source and
+    cache length), and several sentences through the torch.compile'd steps, all as eager."""
     model = aot_model(make_transformer, {"kernel": "eager"})
     for one in one_row_sources(src):
         assert_same_hypotheses(*decode_both(model, one, beam=1))
-    assert_same_hypotheses(*decode_both(model, src, beam=3))  # more rows: the torch.compile'd steps
-    ahead = model.compiled_steps.one_row
-    assert ahead.runner is not None and ahead.failure is None and ahead.seconds > 0
+    for one in one_row_sources(src)[:3]:
+        assert_same_hypotheses(*decode_both(model, one, beam=3))
+    assert_same_hypotheses(
+        *decode_both(model, src, beam=3)
+    )  # torch.compile; (3, 1) once one sentence is left
+    ahead = model.compiled_steps.ahead
+    assert set(ahead.runners) == {(1, 1), (3, 1)}  # rows, cross-attention rows (the beams share keys)
+    assert ahead.failure is None and ahead.seconds > 0
 
 
 def test_aot_leaves_windowed_caches_to_the_other_steps(
@@ -202,7 +208,7 @@ def test_aot_leaves_windowed_caches_to_the_other_steps(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_same_hypotheses(*decode_both(model, one_row_sources(src)[0], beam=1))
-    assert model.compiled_steps.one_row.runner is None  # a window trims its cache: never exported
+    assert not model.compiled_steps.ahead.runners  # a window trims its cache: never exported
 
 
 def test_a_failing_export_leaves_one_row_steps_to_the_other_path(
@@ -216,7 +222,7 @@ def test_a_failing_export_leaves_one_row_steps_to_the_other_path(
     with pytest.warns(UserWarning, match="not compiled ahead of time"):
         compiled, eager = decode_both(model, one_row_sources(src)[0], beam=1)
     assert_same_hypotheses(compiled, eager)
-    assert "this step does not export" in model.compiled_steps.one_row.failure
+    assert "this step does not export" in model.compiled_steps.ahead.failure
 
 
 def test_aot_leaves_bf16_autocast_to_the_other_steps(
@@ -227,7 +233,7 @@ def test_aot_leaves_bf16_autocast_to_the_other_steps(
     with torch.autocast("cpu", dtype=torch.bfloat16):
         compiled, eager = decode_both(model, one_row_sources(src)[0], beam=1)
     assert [h.tokens for hyps in compiled for h in hyps] == [h.tokens for hyps in eager for h in hyps]
-    assert model.compiled_steps.one_row.runner is None
+    assert not model.compiled_steps.ahead.runners
 
 
 def test_standard_strides_copies_only_a_tensor_whose_strides_differ() -> None:
