@@ -3,8 +3,8 @@
 With ``--compile on`` or ``aot`` the torch engine compiles its decoding steps at first use: tens of
 seconds on a CPU, in which the first requests would wait past their deadline and be answered 503.
 :func:`warm_up` translates a few short inputs in the shapes requests take (one sentence and two, greedy
-and the default beam) before the server starts, so the graphs, and the ahead-of-time package of batch-1
-greedy steps, exist when the first request comes.
+and the default beam) before the server starts, so the graphs, and the ahead-of-time packages of batch-1
+steps (greedy and beam 5), exist when the first request comes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from app.inference.engine import Engine, SearchSettings
 
 WARM_UP_SOURCES = ("a b c d e f", "g h i j k l m n o")  # any text: only the shapes matter
-WARM_UP_BEAMS = (1, 5)  # greedy (at batch 1: the ahead-of-time package) and a request's default beam
+WARM_UP_BEAMS = (1, 5)  # greedy and a request's default beam (at batch 1: an ahead-of-time package each)
 
 
 def warm_up(engine: Engine) -> str | None:
