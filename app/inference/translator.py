@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -177,13 +178,13 @@ class Translator(Engine):
         self, source: list[int], hyp: list[int], *, layer: int | None = None, head: int | None = None
     ) -> AttentionMap:
         """The map of one source (ids incl. EOS) and its output ``hyp`` (ids without BOS/EOS)."""
-        was_training = self.model.training
-        self.model.eval()
         tok = self.tgt_tokenizer
         src = torch.tensor([source], dtype=torch.long, device=self.device)
         tgt_in = torch.tensor([[tok.bos_id, *hyp]], dtype=torch.long, device=self.device)
-        weights = self.model.cross_attention(src, tgt_in, layer=layer, head=head)[0].float().cpu()  # (T, S)
-        self.model.train(was_training)
+        with evaluating(self.model):
+            weights = (
+                self.model.cross_attention(src, tgt_in, layer=layer, head=head)[0].float().cpu()
+            )  # (T, S)
         return AttentionMap(
             translation=tok.decode([hyp])[0],
             source_tokens=self.src_tokenizer.id_to_piece(source),
@@ -198,14 +199,12 @@ class Translator(Engine):
     @torch.inference_mode()
     def hypotheses(self, sources: list[list[int]], settings: SearchSettings) -> list[list[Hypothesis]]:
         """Search for every source (ids incl. EOS); batches of similar length, results in input order."""
-        was_training = self.model.training
-        self.model.eval()
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        for batch_ids in length_sorted_batches(sources, settings.batch_size):
-            src = pad_batch([sources[i] for i in batch_ids], self.src_tokenizer.pad_id).to(self.device)
-            for index, hyps in zip(batch_ids, self.search(src, settings), strict=True):
-                results[index] = hyps
-        self.model.train(was_training)
+        with evaluating(self.model):
+            for batch_ids in length_sorted_batches(sources, settings.batch_size):
+                src = pad_batch([sources[i] for i in batch_ids], self.src_tokenizer.pad_id).to(self.device)
+                for index, hyps in zip(batch_ids, self.search(src, settings), strict=True):
+                    results[index] = hyps
         return results
 
     def search(self, src: torch.Tensor, settings: SearchSettings) -> list[list[Hypothesis]]:
@@ -239,6 +238,22 @@ class Translator(Engine):
         common = {**common, "limits": common["limits"][rows]}
         drawn = sample_search(self.model, src[rows], settings.sampling, **common)
         return [sorted(drawn[i * n : (i + 1) * n], key=lambda h: -h.score) for i in range(src.size(0))]
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode meanwhile, its root's mode restored after. A model already in eval mode
+    throughout is left alone: ``eval()`` walks every module (~1 ms for a Transformer, a few percent of a
+    one-sentence translation)."""
+    if not any(module.training for module in model.modules()):
+        yield
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def load_translator(
