@@ -33,14 +33,20 @@ def run_script(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=300)
 
 
-def test_bench_engines_measures_every_case_with_bleu_and_agreement(
-    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path
-) -> None:
+def tiny_run(checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A tiny Transformer's checkpoint, the sources and their references, written under ``tmp_path``."""
     checkpoint = tmp_path / "model.ckpt"
     checkpoint_factory(checkpoint, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
     source, reference = tmp_path / "src.de", tmp_path / "ref.en"
     source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
     reference.write_text("\n".join(REFERENCES) + "\n", encoding="utf-8")
+    return checkpoint, source, reference
+
+
+def test_bench_engines_measures_every_case_with_bleu_and_agreement(
+    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path
+) -> None:
+    checkpoint, source, reference = tiny_run(checkpoint_factory, tmp_path)
     out = tmp_path / "bench.json"
     args = [str(checkpoint), "--source", str(source), "--reference", str(reference), "--limit", "4"]
     args += ["--threads", "1", "--batches", "1", "4", "--beams", "1", "2", "--rounds", "2"]
@@ -89,20 +95,9 @@ def test_bench_engines_compile_needs_the_checkpoint_as_trained(
 def test_bench_engines_compiles_the_torch_engine_before_timing(
     checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path
 ) -> None:
-    checkpoint = tmp_path / "model.ckpt"
-    checkpoint_factory(checkpoint, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
-    source = tmp_path / "src.de"
-    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    checkpoint, source, reference = tiny_run(checkpoint_factory, tmp_path)
     out = tmp_path / "bench.json"
-    args = [
-        str(checkpoint),
-        "--source",
-        str(source),
-        "--reference",
-        str(tmp_path / "none.en"),
-        "--limit",
-        "4",
-    ]
+    args = [str(checkpoint), "--source", str(source), "--reference", str(reference), "--limit", "4"]
     args += ["--engines", "torch-fp32", "--threads", "1", "--batches", "1", "4", "--beams", "1", "2"]
     args += ["--rounds", "1", "--compile", "on", "--json", str(out)]
     run = run_script(*args)
