@@ -142,12 +142,8 @@ def beam_hypotheses(
     done = torch.zeros(src.size(0), dtype=torch.long, device=src.device)  # finished hypotheses per sentence
     limit_steps = frozenset(limits.tolist())  # every row's limit is one of these, however rows leave
     for step in range(int(limits.max())):
-        if (
-            step == 0 and first is not None and first.size(1) >= 2 * k
-        ):  # one row per sentence (see start_state)
-            log_probs, scores, row_limits = first, beams.scores[:, :1], beams.limits[::k]
-        elif step == 0 and first is not None:  # fewer subwords than 2K candidates: rank the K copies
-            log_probs, scores, row_limits = first.repeat_interleave(k, dim=0), beams.scores, beams.limits
+        if step == 0 and first is not None:  # one row per sentence (see start_state)
+            log_probs, scores, row_limits = first_rows(first, beams)
         else:
             log_probs = model.decode_step(beams.tokens, state)
             scores, row_limits = beams.scores, beams.limits
