@@ -17,11 +17,10 @@ size-oblivious, so a cache of one position does not specialize it). Anything els
 first step, which fills the cross-attention caches) returns None and goes on to the ``torch.compile``d or
 eager step. Packages of two rows or more are built with inductor's freezing, so their products run
 through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`). A batch of several sentences that
-shrinks to one (the others finished) uses, and if need be
-builds, the package of its row count too. A package is built at the first step that fits its row count
-(~13-25 s on 2 CPU cores, reported with the compile time) into a temporary folder and lives as long as the
-model. Fallback: an export or compile error is warned about once and every such step stays on the other
-path.
+shrinks to one (the others finished) uses, and if need be builds, the package of its row count too. A
+package is built at the first step that fits its row count (~13-25 s on 2 CPU cores, reported with the
+compile time) into a temporary folder and lives as long as the model. Fallback: an export or compile
+error is warned about once and every such step stays on the other path.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 MAX_ROWS = 16  # the largest beam compiled ahead of time (one package per row count)
 # From this many rows the package is built with inductor's freezing: the weights become constants and its
 # products go through oneDNN over weights packed at build, as the eager engine's wide linears do from 2
-# rows. Beam 5 at batch 1: 74.4 -> 45.7 ms a sentence; at one row MKL's product stays faster (greedy 35.1
+# rows. Beam 5 at batch 1: 74.4 -> 49.6 ms a sentence; at one row MKL's product stays faster (greedy 35.1
 # against 49.7 ms frozen), as in the eager engine (scratch, 30 test sentences, 3 rounds each).
 FROZEN_FROM_ROWS = 2
 
@@ -130,7 +129,7 @@ class AotSentenceSteps:
         key = (tokens.size(0), tensors.cross_k[0].size(0))
         if (runner := self.runners.get(key)) is None:
             try:
-                runner = self.runners[key] = self.build(tokens, state, caches)
+                runner = self.runners[key] = self.build(tokens, state, caches, key)
             except Exception as error:
                 self.failure = describe_failure(error)
                 warnings.warn(f"decoding steps not compiled ahead of time ({self.failure})", stacklevel=3)
@@ -142,8 +141,9 @@ class AotSentenceSteps:
         state.step += 1
         return log_probs
 
-    def build(self, tokens: Tensor, state, caches: tuple[Tensor, ...]):
-        """Export the step for these rows with S and T symbolic, compile it with AOTInductor, load it."""
+    def build(self, tokens: Tensor, state, caches: tuple[Tensor, ...], key: tuple[int, int]):
+        """Export the step for these rows with S and T symbolic, compile it with AOTInductor, load it.
+        ``key``: (rows, cross-attention rows), the package's name."""
         from torch.export import Dim
 
         started = time.perf_counter()
@@ -167,10 +167,10 @@ class AotSentenceSteps:
             )
             if self._folder is None:
                 self._folder = tempfile.TemporaryDirectory(prefix="attn-mt-aot-")
-            rows = tokens.size(0)
+            rows, cross_rows = key
             package = torch._inductor.aoti_compile_and_package(
                 program,
-                package_path=str(Path(self._folder.name) / f"step_{rows}_rows.pt2"),
+                package_path=str(Path(self._folder.name) / f"step_{rows}x{cross_rows}.pt2"),
                 inductor_configs={"freezing": rows >= FROZEN_FROM_ROWS},
             )
             runner = torch._inductor.aoti_load_package(package)

@@ -1,4 +1,4 @@
-"""oneDNN-packed weights for the wide linears of a model that decodes on a CPU.
+"""oneDNN-packed weights for the linears of a model that decodes on a CPU.
 
 Why: a decoding step multiplies a few rows (one per sentence, or per beam) by every weight of the decoder.
 For the wide linears (the feed-forward pair and the output layer) oneDNN's matrix product over a weight
@@ -7,12 +7,13 @@ reordered once into its own blocked layout beat MKL's over the column-major weig
 quickstart model (256 -> 8,000) 1.9-2.6x at 2-8 rows, 1.45x at 34, 1.14-1.18x at 212-320; the feed-forward
 pair 1.1-1.7x. (CTranslate2 uses oneDNN's SGEMM on these CPUs.) At one row, and for the narrow d x d
 projections below ~128 rows, MKL was as fast or faster, so those keep it (``python
-scripts/bench_step_ops.py`` prints the comparison).
+scripts/bench_step_ops.py`` prints the comparison); from 128 rows (the encoder, beam 5 at batch 64) the
+narrow ones go through oneDNN too, sparing MKL the copy of its weight operand it makes on every call.
 
-:func:`pack_wide_linears` gives each ``nn.Linear`` with at least :data:`MIN_WEIGHTS` weights a packed copy
-of its weight and a forward that uses it when it applies: float32 on a CPU, 2 rows or more, inference
-(no gradient, no autocast, not being traced by ``torch.compile``), and the weight unchanged since it was
-packed (its version counter; a weight written in place, e.g. by ``load_state_dict``, falls back to
+:func:`pack_wide_linears` gives each ``nn.Linear`` a packed copy of its weight and a forward that uses it
+when it applies: float32 on a CPU, 2 rows or more (:data:`NARROW_MIN_ROWS` for fewer than
+:data:`MIN_WEIGHTS` weights), inference (no gradient, no autocast, not being traced by ``torch.compile``),
+and the weight unchanged since it was packed (its version counter; a weight written in place, e.g. by ``load_state_dict``, falls back to
 ``F.linear`` until packed again). Everywhere else the layer is the plain ``nn.Linear``. The packed copy
 is an attribute, not a parameter or buffer: state dicts and parameter counts are unchanged. Results
 differ from ``F.linear`` only by float32 rounding (a different summation order).
