@@ -13,10 +13,11 @@ narrow ones go through oneDNN too, sparing MKL the copy of its weight operand it
 :func:`pack_wide_linears` gives each ``nn.Linear`` a packed copy of its weight and a forward that uses it
 when it applies: float32 on a CPU, 2 rows or more (:data:`NARROW_MIN_ROWS` for fewer than
 :data:`MIN_WEIGHTS` weights), inference (no gradient, no autocast, not being traced by ``torch.compile``),
-and the weight unchanged since it was packed (its version counter; a weight written in place, e.g. by ``load_state_dict``, falls back to
-``F.linear`` until packed again). Everywhere else the layer is the plain ``nn.Linear``. The packed copy
-is an attribute, not a parameter or buffer: state dicts and parameter counts are unchanged. Results
-differ from ``F.linear`` only by float32 rounding (a different summation order).
+and the weight unchanged since it was packed (its version counter; a weight written in place, e.g. by
+``load_state_dict``, falls back to ``F.linear`` until packed again). Everywhere else the layer is the plain
+``nn.Linear``. The packed copy is an attribute, not a parameter or buffer: state dicts and parameter
+counts are unchanged. Results differ from ``F.linear`` only by float32 rounding (a different summation
+order).
 """
 
 from __future__ import annotations
