@@ -120,8 +120,8 @@ def add_compile_arg(parser: argparse.ArgumentParser) -> None:
         choices=COMPILE_MODES,
         default="off",
         help="torch engine: compile the decoding steps with torch.compile (inductor), tens of seconds "
-        "once per process for faster steps; auto = on the CPU only; aot = on, plus batch-1 steps (greedy "
-        "and beams) compiled ahead of time (AOTInductor, CPU); falls back to eager (default off)",
+        "once per process for faster steps; auto = on the CPU only; aot = on, plus the steps (greedy and "
+        "beams, any batch) compiled ahead of time (AOTInductor, CPU); falls back to eager (default off)",
     )
 
 

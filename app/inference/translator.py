@@ -88,9 +88,9 @@ class Translator(Engine):
         ahead = [r.ahead for r in runners if r.ahead is not None]
         if packages := sum(len(a.runners) for a in ahead):
             seconds = sum(a.seconds for a in ahead)
-            report += f"; batch-1 steps compiled ahead of time: {packages} package(s) in {seconds:.1f} s"
+            report += f"; steps compiled ahead of time: {packages} package(s) in {seconds:.1f} s"
         if failures := [a.failure for a in ahead if a.failure]:
-            report += f"; batch-1 steps not compiled ahead of time ({failures[0]})"
+            report += f"; steps not compiled ahead of time ({failures[0]})"
         return report
 
     @property

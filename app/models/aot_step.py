@@ -1,4 +1,4 @@
-"""One sentence's decoding steps (batch 1: greedy's one row, beam search's K) compiled ahead of time with
+"""Decoding steps (greedy and beam search, one sentence or several) compiled ahead of time with
 AOTInductor, for the CPU.
 
 Why: a ``torch.compile``d step pays dynamo's entry on every call: guards over the model's parameters and
@@ -9,17 +9,18 @@ length T symbolic, AOTInductor compiles it into a shared library with the weight
 then the library's C++ run of the graph, checking only its inputs' sizes.
 
 What is compiled: :meth:`CompiledSteps.step <app.models.compiled_step.CompiledSteps.step>`, the function
-``torch.compile`` compiles, for the rows of one sentence (batch 1: one row greedy, K rows with beam K; one
-package per row count, up to :data:`MAX_ROWS`) with caches the compiled path can hand over plainly: no
-sliding window (its cache trims itself by a size test), no reduced cross-attention keys (Linformer's
-mask), a source of 2 tokens or more, from the second step on (T >= 1: the cache length is exported
-size-oblivious, so a cache of one position does not specialize it). Anything else (several sentences, the
-first step, which fills the cross-attention caches) returns None and goes on to the ``torch.compile``d or
-eager step. Packages of two rows or more are built with inductor's freezing, so their products run
-through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`). A batch of several sentences that
-shrinks to one (the others finished) uses, and if need be builds, the package of its row count too. A
-package is built at the first step that fits its row count (~13-25 s on 2 CPU cores, reported with the
-compile time) into a temporary folder and lives as long as the model. Fallback: an export or compile
+``torch.compile`` compiles, for G rows per sentence (1 greedy, K with beam K, up to :data:`MAX_ROWS`):
+one package per G for one sentence (batch 1), and one per G for several with the sentence count B
+symbolic (2 to :data:`MAX_SENTENCES`: a batch of 64, and the batch as its sentences finish). The caches
+must be ones the compiled path can hand over plainly: no sliding window (its cache trims itself by a size
+test), no reduced cross-attention keys (Linformer's mask); a source of 2 tokens or more; from the second
+step on (T >= 1: the cache length is exported size-oblivious, so a cache of one position does not
+specialize it). Anything else (the first step, which fills the cross-attention caches) returns None and
+goes on to the ``torch.compile``d or eager step. Packages of two rows or more are built with inductor's
+freezing, so their products run through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`),
+where the ``torch.compile``d step's did not beat the eager engine's packed products above 64 rows (so it
+stops there). A package is built at the first step that fits it (~13-25 s on 2 CPU cores, reported with
+the compile time) into a temporary folder and lives as long as the model. Fallback: an export or compile
 error is warned about once and every such step stays on the other path.
 """
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 
 MAX_ROWS = 16  # the largest beam compiled ahead of time (one package per row count)
+MAX_SENTENCES = 4096  # the most sentences a batch may hold for the packages of several
 # From this many rows the package is built with inductor's freezing: the weights become constants and its
 # products go through oneDNN over weights packed at build, as the eager engine's wide linears do from 2
 # rows. Beam 5 at batch 1: 74.4 -> 49.6 ms a sentence; at one row MKL's product stays faster (greedy 35.1
@@ -93,23 +95,25 @@ def standard_strides(tensor: Tensor) -> Tensor:
 
 
 class AotSentenceSteps:
-    """One sentence's steps through AOTInductor packages of :class:`SentenceStep` (see the module doc)."""
+    """Decoding steps through AOTInductor packages of :class:`SentenceStep` (see the module doc)."""
 
     def __init__(self, steps: CompiledSteps) -> None:
         self.steps = steps
-        self.runners: dict[tuple[int, int], object] = {}  # (rows, cross-attention rows) -> loaded package
+        self.runners: dict[tuple[bool, int, int], object] = {}  # see build's key -> loaded package
         self.failure: str | None = None
         self.seconds = 0.0  # export + compile + load, all packages
         self._folder: tempfile.TemporaryDirectory | None = None
 
     def fits(self, tokens: Tensor, state, tensors: CacheTensors) -> bool:
-        """Whether a package computes this step: one sentence, float32, plain caches, 1 <= T < max
-        positions, S >= 2."""
-        length = tensors.self_k[0].size(2)
+        """Whether a package computes this step: G <= MAX_ROWS rows per sentence, float32, plain caches,
+        1 <= T < max positions, S >= 2."""
+        length, sentences = tensors.self_k[0].size(2), state.memory.size(0)
         return (
             self.failure is None
-            and state.memory.size(0) == 1
-            and tokens.size(0) == state.group <= MAX_ROWS
+            and tokens.size(0) == sentences * state.group
+            and state.group <= MAX_ROWS
+            and sentences <= MAX_SENTENCES
+            and tensors.cross_k[0].size(0) in (sentences, tokens.size(0))  # shared by the beams, or copied
             and tokens.device.type == "cpu"
             and state.memory.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu")  # the package computes as exported: float32
@@ -121,12 +125,14 @@ class AotSentenceSteps:
         )
 
     def __call__(self, tokens: Tensor, state, tensors: CacheTensors) -> Tensor | None:
-        """Log-probabilities (G, V) after ``tokens`` (G,), updating ``state``; None where it does not fit."""
+        """Log-probabilities (B*G, V) after ``tokens`` (B*G,), updating ``state``; None where it does not
+        fit."""
         if not self.fits(tokens, state, tensors):
             return None
         caches = (*tensors.self_k, *tensors.self_v, *tensors.cross_k, *tensors.cross_v)
         caches = tuple(map(standard_strides, caches))
-        key = (tokens.size(0), tensors.cross_k[0].size(0))
+        sentences = state.memory.size(0)
+        key = (sentences > 1, state.group, tensors.cross_k[0].size(0) // sentences)
         if (runner := self.runners.get(key)) is None:
             try:
                 runner = self.runners[key] = self.build(tokens, state, caches, key)
@@ -141,21 +147,25 @@ class AotSentenceSteps:
         state.step += 1
         return log_probs
 
-    def build(self, tokens: Tensor, state, caches: tuple[Tensor, ...], key: tuple[int, int]):
-        """Export the step for these rows with S and T symbolic, compile it with AOTInductor, load it.
-        ``key``: (rows, cross-attention rows), the package's name."""
+    def build(self, tokens: Tensor, state, caches: tuple[Tensor, ...], key: tuple[bool, int, int]):
+        """Export the step with S and T symbolic (and the sentence count B, for several), compile it with
+        AOTInductor, load it. ``key``: (several sentences, rows G per sentence, cross-attention rows C per
+        sentence)."""
         from torch.export import Dim
 
         started = time.perf_counter()
         model = self.steps.model
+        several, group, cross = key
         source = Dim("source", min=2, max=model.max_positions)
         cached = Dim("cached", min=1, max=model.max_positions - 1)  # one more position must fit
+        sentences = Dim("sentences", min=2, max=MAX_SENTENCES)
+        times = lambda n: {0: sentences if n == 1 else n * sentences} if several else {}  # noqa: E731
         layers = len(state.caches)
         shapes = (
-            {},
-            {1: source},
-            {1: source},
-            (*[{2: cached}] * (2 * layers), *[{2: source}] * (2 * layers)),
+            times(group),
+            {**times(1), 1: source},
+            {**times(1), 1: source},
+            (*[{**times(group), 2: cached}] * (2 * layers), *[{**times(cross), 2: source}] * (2 * layers)),
         )
         args = (tokens, state.memory, state.memory_mask, *caches)
         # A cache of one position (step 1) stays symbolic instead of specialized to its size
@@ -163,15 +173,15 @@ class AotSentenceSteps:
         with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
             program = torch.export.export(
-                SentenceStep(self.steps, layers, state.group), args, dynamic_shapes=shapes, strict=False
+                SentenceStep(self.steps, layers, group), args, dynamic_shapes=shapes, strict=False
             )
             if self._folder is None:
                 self._folder = tempfile.TemporaryDirectory(prefix="attn-mt-aot-")
-            rows, cross_rows = key
+            name = f"step_{'b' if several else '1'}x{group}x{cross}.pt2"
             package = torch._inductor.aoti_compile_and_package(
                 program,
-                package_path=str(Path(self._folder.name) / f"step_{rows}x{cross_rows}.pt2"),
-                inductor_configs={"freezing": rows >= FROZEN_FROM_ROWS},
+                package_path=str(Path(self._folder.name) / name),
+                inductor_configs={"freezing": several or group >= FROZEN_FROM_ROWS},
             )
             runner = torch._inductor.aoti_load_package(package)
         self.seconds += time.perf_counter() - started

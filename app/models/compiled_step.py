@@ -166,9 +166,7 @@ class CompiledSteps:
         self.failure: str | None = None  # why compilation was given up (then every step is eager)
         self.seconds = 0.0  # wall time of the calls that compiled a graph (compile time, reported apart)
         self.graphs = 0  # graphs compiled so far
-        self.ahead = (
-            None  # batch-1 steps (greedy, beams) compiled ahead of time (compile mode "aot"), tried first
-        )
+        self.ahead = None  # steps compiled ahead of time (compile mode "aot"), tried first
         if ahead_of_time:
             from app.models.aot_step import AotSentenceSteps
 
@@ -176,18 +174,15 @@ class CompiledSteps:
 
     def __call__(self, tokens: Tensor, state) -> Tensor | None:
         """Log-probabilities (B, V) after ``tokens`` (B,), updating ``state``; None: run the eager step."""
-        if (
-            self.failure is not None
-            or tokens.size(0) > self.max_rows
-            or self.model.training
-            or torch.is_grad_enabled()
-        ):
+        if self.failure is not None or self.model.training or torch.is_grad_enabled():
             return None
         tensors = CacheTensors.read(state.caches)
         if tensors is None:
             return None
         if self.ahead is not None and (log_probs := self.ahead(tokens, state, tensors)) is not None:
-            return log_probs
+            return log_probs  # any row count: the packages' products go through oneDNN-packed weights
+        if tokens.size(0) > self.max_rows:
+            return None
         mark_dynamic(tokens, state.memory, state.memory_mask, tensors)
         frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         started = time.perf_counter()
