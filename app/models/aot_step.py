@@ -50,10 +50,10 @@ MAX_SENTENCES = 4096  # the most sentences a batch may hold for the packages of 
 FROZEN_FROM_ROWS = 2
 
 
-class SentenceStep(nn.Module):
-    """The step as a module of flat tensors, for ``torch.export``: tokens (G,) for one sentence's G rows,
-    memory (1, S, D), its mask (1, S), then each layer's self keys, self values (G, Hkv, T, Dh), cross
-    keys, cross values (1 or G, Hkv, S, Dh: shared by the beams or one copy each)."""
+class ExportedStep(nn.Module):
+    """The step as a module of flat tensors, for ``torch.export``: tokens (B*G,) for B sentences' G rows
+    each, memory (B, S, D), its mask (B, S), then each layer's self keys, self values (B*G, Hkv, T, Dh),
+    cross keys, cross values (B or B*G, Hkv, S, Dh: shared by a sentence's beams, or one copy each)."""
 
     def __init__(self, steps: CompiledSteps, layers: int, group: int) -> None:
         super().__init__()
@@ -94,8 +94,8 @@ def standard_strides(tensor: Tensor) -> Tensor:
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
-class AotSentenceSteps:
-    """Decoding steps through AOTInductor packages of :class:`SentenceStep` (see the module doc)."""
+class AotSteps:
+    """Decoding steps through AOTInductor packages of :class:`ExportedStep` (see the module doc)."""
 
     def __init__(self, steps: CompiledSteps) -> None:
         self.steps = steps
@@ -173,7 +173,7 @@ class AotSentenceSteps:
         with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
             program = torch.export.export(
-                SentenceStep(self.steps, layers, group), args, dynamic_shapes=shapes, strict=False
+                ExportedStep(self.steps, layers, group), args, dynamic_shapes=shapes, strict=False
             )
             if self._folder is None:
                 self._folder = tempfile.TemporaryDirectory(prefix="attn-mt-aot-")

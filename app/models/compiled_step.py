@@ -168,9 +168,9 @@ class CompiledSteps:
         self.graphs = 0  # graphs compiled so far
         self.ahead = None  # steps compiled ahead of time (compile mode "aot"), tried first
         if ahead_of_time:
-            from app.models.aot_step import AotSentenceSteps
+            from app.models.aot_step import AotSteps
 
-            self.ahead = AotSentenceSteps(self)
+            self.ahead = AotSteps(self)
 
     def __call__(self, tokens: Tensor, state) -> Tensor | None:
         """Log-probabilities (B, V) after ``tokens`` (B,), updating ``state``; None: run the eager step."""

@@ -183,7 +183,7 @@ def one_row_sources(src: torch.Tensor) -> list[torch.Tensor]:
     return [row[: int((row != PAD).sum())][None] for row in src]
 
 
-def test_aot_sentence_steps_equal_eager(
+def test_aot_steps_equal_eager(
     make_transformer: Callable[..., Transformer], src: torch.Tensor
 ) -> None:
     """Greedy and beam search through the AOTInductor packages, one sentence (a package per row count) and
