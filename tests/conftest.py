@@ -35,6 +35,16 @@ TINY_MODEL: dict[str, Any] = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_package_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``--compile aot`` packages go to a folder of this test session (subprocesses inherit it), never to
+    the user's cache; tests that build the same model's packages share them, as processes do."""
+    folder = tmp_path_factory.mktemp("aot-packages")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTN_MT_AOT_CACHE", str(folder))
+        yield folder
+
+
 @pytest.fixture(scope="module")
 def single_torch_thread() -> Iterator[None]:
     """One torch thread while a module's tests run (``pytestmark = usefixtures(...)``).

@@ -89,6 +89,8 @@ class Translator(Engine):
         if packages := sum(len(a.runners) for a in ahead):
             seconds = sum(a.seconds for a in ahead)
             report += f"; steps compiled ahead of time: {packages} package(s) in {seconds:.1f} s"
+            if found := sum(a.cache_hits for a in ahead):
+                report += f" ({found} found built in the package cache)"
         if failures := [a.failure for a in ahead if a.failure]:
             report += f"; steps not compiled ahead of time ({failures[0]})"
         return report

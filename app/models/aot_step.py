@@ -19,22 +19,22 @@ specialize it). Anything else (the first step, which fills the cross-attention c
 goes on to the ``torch.compile``d or eager step. Packages of two rows or more are built with inductor's
 freezing, so their products run through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`),
 where the ``torch.compile``d step's did not beat the eager engine's packed products above 64 rows (so it
-stops there). A package is built at the first step that fits it (~13-25 s on 2 CPU cores, reported with
-the compile time) into a temporary folder and lives as long as the model. Fallback: an export or compile
-error is warned about once and every such step stays on the other path.
+stops there). A package is needed at the first step that fits it: exported (~1 s), then found in the
+package cache of :mod:`app.models.aot_cache` (kept across processes, named by a digest of the program and
+its weights) or compiled into it (~13-25 s on 2 CPU cores); the time is reported with the compile time.
+Fallback: an export or compile error is warned about once and every such step stays on the other path.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
+from app.models.aot_cache import PackageStore
 from app.models.compiled_step import CacheTensors, describe_failure
 
 if TYPE_CHECKING:
@@ -101,8 +101,13 @@ class AotSteps:
         self.steps = steps
         self.runners: dict[tuple[bool, int, int], object] = {}  # see build's key -> loaded package
         self.failure: str | None = None
-        self.seconds = 0.0  # export + compile + load, all packages
-        self._folder: tempfile.TemporaryDirectory | None = None
+        self.seconds = 0.0  # export + compile (or find) + load, all packages
+        self._store: PackageStore | None = None  # made at the first package
+
+    @property
+    def cache_hits(self) -> int:
+        """Packages found already built in the package cache rather than compiled."""
+        return 0 if self._store is None else self._store.hits
 
     def fits(self, tokens: Tensor, state, tensors: CacheTensors) -> bool:
         """Whether a package computes this step: G <= MAX_ROWS rows per sentence, float32, plain caches,
@@ -175,14 +180,10 @@ class AotSteps:
             program = torch.export.export(
                 ExportedStep(self.steps, layers, group), args, dynamic_shapes=shapes, strict=False
             )
-            if self._folder is None:
-                self._folder = tempfile.TemporaryDirectory(prefix="attn-mt-aot-")
-            name = f"step_{'b' if several else '1'}x{group}x{cross}.pt2"
-            package = torch._inductor.aoti_compile_and_package(
-                program,
-                package_path=str(Path(self._folder.name) / name),
-                inductor_configs={"freezing": several or group >= FROZEN_FROM_ROWS},
-            )
-            runner = torch._inductor.aoti_load_package(package)
+            if self._store is None:
+                self._store = PackageStore()
+            name = f"step_{'b' if several else '1'}x{group}x{cross}"
+            configs = {"freezing": several or group >= FROZEN_FROM_ROWS}
+            runner = self._store.load_or_build(program, name, configs)
         self.seconds += time.perf_counter() - started
         return runner

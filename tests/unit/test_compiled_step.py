@@ -183,9 +183,7 @@ def one_row_sources(src: torch.Tensor) -> list[torch.Tensor]:
     return [row[: int((row != PAD).sum())][None] for row in src]
 
 
-def test_aot_steps_equal_eager(
-    make_transformer: Callable[..., Transformer], src: torch.Tensor
-) -> None:
+def test_aot_steps_equal_eager(make_transformer: Callable[..., Transformer], src: torch.Tensor) -> None:
     """Greedy and beam search through the AOTInductor packages, one sentence (a package per row count) and
     several (the sentence count symbolic), every source and cache length: all as eager."""
     model = aot_model(make_transformer, {"kernel": "eager"})
@@ -199,6 +197,24 @@ def test_aot_steps_equal_eager(
     # (several sentences?, rows per sentence, cross-attention rows per sentence: the beams share keys)
     assert set(ahead.runners) == {(False, 1, 1), (False, 3, 1), (True, 3, 1), (True, 1, 1)}
     assert ahead.failure is None and ahead.seconds > 0
+
+
+def test_a_second_model_with_the_same_weights_finds_its_packages_built(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor
+) -> None:
+    """The package cache (app.models.aot_cache): a model built again, as a new process would, loads the
+    first one's packages instead of compiling them, and decodes as eager; other weights compile anew."""
+    first = aot_model(make_transformer, {"kernel": "eager"})
+    assert_same_hypotheses(*decode_both(first, src, beam=1))
+    again = aot_model(make_transformer, {"kernel": "eager"})
+    again.load_state_dict(first.state_dict())
+    assert_same_hypotheses(*decode_both(again, src, beam=1))
+    assert again.compiled_steps.ahead.cache_hits == len(again.compiled_steps.ahead.runners) >= 1
+    other = aot_model(make_transformer, {"kernel": "eager"})
+    with torch.no_grad():
+        other.decoder[0].ffn[0].weight.mul_(-2.0)
+    assert_same_hypotheses(*decode_both(other, src, beam=1))
+    assert other.compiled_steps.ahead.cache_hits == 0
 
 
 def test_aot_leaves_windowed_caches_to_the_other_steps(
