@@ -130,17 +130,22 @@ class PackageStore:
 
 def prune(folder: Path, limit: int, keep: Path) -> list[Path]:
     """Remove the packages in ``folder`` used longest ago until they hold at most ``limit`` bytes (never
-    ``keep``, the one just built); returns the removed paths."""
-    packages = sorted(
-        (p for p in folder.glob("*.pt2") if not p.name.startswith(".")), key=lambda p: p.stat().st_mtime
-    )
-    total, removed = sum(p.stat().st_size for p in packages), []
-    for package in packages:
+    ``keep``, the one just built); returns the removed paths. Another process may be pruning too: a file
+    gone meanwhile is skipped."""
+    found = []  # (last used, bytes, path)
+    for path in folder.glob("*.pt2"):
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        if not path.name.startswith("."):  # not a package being built
+            found.append((info.st_mtime, info.st_size, path))
+    total, removed = sum(size for _, size, _ in found), []
+    for _, size, path in sorted(found):
         if total <= limit:
             break
-        if package == keep:
-            continue
-        total -= package.stat().st_size
-        package.unlink(missing_ok=True)
-        removed.append(package)
+        if path != keep:
+            path.unlink(missing_ok=True)
+            total -= size
+            removed.append(path)
     return removed
