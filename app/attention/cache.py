@@ -89,6 +89,16 @@ class KVCache:
             index, self.pending = self.pending, None
             self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
 
+    def held(self) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """The stored keys, values and held-back reorder (rows of them to keep, or None), left as they are:
+        for a step that gathers the rows itself while it appends (the compiled ahead-of-time step)."""
+        return self._k, self._v, self.pending
+
+    def replace(self, k: Tensor, v: Tensor) -> None:
+        """Store ``k``, ``v`` (B, Hkv, T, Dh) as the whole cache: a held-back reorder is dropped, not
+        applied (the new tensors were computed from the kept rows)."""
+        self._k, self._v, self.pending = k, v, None
+
     @property
     def filled(self) -> bool:
         return self._k is not None

@@ -9,20 +9,23 @@ length T symbolic, AOTInductor compiles it into a shared library with the weight
 then the library's C++ run of the graph, checking only its inputs' sizes.
 
 What is compiled: :meth:`CompiledSteps.step <app.models.compiled_step.CompiledSteps.step>`, the function
-``torch.compile`` compiles, for G rows per sentence (1 greedy, K with beam K, up to :data:`MAX_ROWS`):
-one package per G for one sentence (batch 1), and one per G for several with the sentence count B
-symbolic (2 to :data:`MAX_SENTENCES`: a batch of 64, and the batch as its sentences finish). The caches
-must be ones the compiled path can hand over plainly: no sliding window (its cache trims itself by a size
-test), no reduced cross-attention keys (Linformer's mask); a source of 2 tokens or more; from the second
-step on (T >= 1: the cache length is exported size-oblivious, so a cache of one position does not
-specialize it). Anything else (the first step, which fills the cross-attention caches) returns None and
-goes on to the ``torch.compile``d or eager step. Packages of two rows or more are built with inductor's
-freezing, so their products run through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`),
-where the ``torch.compile``d step's did not beat the eager engine's packed products above 64 rows (so it
-stops there). A package is needed at the first step that fits it: exported (~1 s), then found in the
-package cache of :mod:`app.models.aot_cache` (kept across processes, named by a digest of the program and
-its weights) or compiled into it (~13-25 s on 2 CPU cores); the time is reported with the compile time.
-Fallback: an export or compile error is warned about once and every such step stays on the other path.
+``torch.compile`` compiles, for G rows per sentence (1 greedy, K with beam K, up to :data:`MAX_ROWS`): one
+package per G for one sentence (batch 1), and one per G for several with the sentence count B symbolic (2 to
+:data:`MAX_SENTENCES`: a batch of 64, and the batch as its sentences finish). The caches must be ones the
+compiled path can hand over plainly: no sliding window (its cache trims itself by a size test), no reduced
+cross-attention keys (Linformer's mask); a source of 2 tokens or more; from the second step on (T >= 1: the
+cache length is exported size-oblivious, so a cache of one position does not specialize it). Anything else
+(the first step, which fills the cross-attention caches) returns None and goes on to the ``torch.compile``d or
+eager step. The self-attention caches come in as stored, with the reorder beam search holds back
+(:meth:`KVCache.held <app.attention.cache.KVCache.held>`) as row indices, and the package gathers the kept
+rows straight into the grown cache: one copy of the caches a step, where gathering first and then appending
+made two (beam 5 at batch 64: 1.045x). Packages of two rows or more are built with inductor's freezing, so
+their products run through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`), where the
+``torch.compile``d step's did not beat the eager engine's packed products above 64 rows (so it stops there). A
+package is needed at the first step that fits it: exported (~1 s), then found in the package cache of
+:mod:`app.models.aot_cache` (kept across processes, named by a digest of the program and its weights) or
+compiled into it (~13-25 s on 2 CPU cores); the time is reported with the compile time. Fallback: an export or
+compile error is warned about once and every such step stays on the other path.
 """
 
 from __future__ import annotations
@@ -61,12 +64,15 @@ class ExportedStep(nn.Module):
         self.model = steps.model  # a submodule: export lifts its weights into the program
 
     def forward(
-        self, tokens: Tensor, memory: Tensor, memory_mask: Tensor, *caches: Tensor
+        self, tokens: Tensor, rows: Tensor, memory: Tensor, memory_mask: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
         n = self.layers
+        # The kept rows (B*G,) of the self caches as stored (any row count), gathered where the step
+        # appends the new position: inductor writes them straight into the grown cache, one copy
+        kept = [cache.index_select(0, rows) for cache in caches[: 2 * n]]
         tensors = CacheTensors(
-            self_k=list(caches[:n]),
-            self_v=list(caches[n : 2 * n]),
+            self_k=kept[:n],
+            self_v=kept[n:],
             cross_k=list(caches[2 * n : 3 * n]),
             cross_v=list(caches[3 * n :]),
             cross_mask=[None] * n,
@@ -129,30 +135,36 @@ class AotSteps:
             and state.memory.size(1) >= 2
         )
 
-    def __call__(self, tokens: Tensor, state, tensors: CacheTensors) -> Tensor | None:
+    def __call__(self, tokens: Tensor, state) -> Tensor | None:
         """Log-probabilities (B*G, V) after ``tokens`` (B*G,), updating ``state``; None where it does not
         fit."""
-        if not self.fits(tokens, state, tensors):
+        tensors = CacheTensors.read(state.caches, held=True)
+        if tensors is None or not self.fits(tokens, state, tensors):
             return None
+        rows = tensors.rows
+        if rows is None:
+            rows = torch.arange(tokens.size(0), device=tokens.device)
         caches = (*tensors.self_k, *tensors.self_v, *tensors.cross_k, *tensors.cross_v)
         caches = tuple(map(standard_strides, caches))
         sentences = state.memory.size(0)
         key = (sentences > 1, state.group, tensors.cross_k[0].size(0) // sentences)
         if (runner := self.runners.get(key)) is None:
             try:
-                runner = self.runners[key] = self.build(tokens, state, caches, key)
+                runner = self.runners[key] = self.build(tokens, rows, state, caches, key)
             except Exception as error:
                 self.failure = describe_failure(error)
                 warnings.warn(f"decoding steps not compiled ahead of time ({self.failure})", stacklevel=3)
                 return None
-        log_probs, *new = runner(tokens, state.memory, state.memory_mask, *caches)
+        log_probs, *new = runner(tokens, rows, state.memory, state.memory_mask, *caches)
         layers = len(state.caches)
         for cache, k, v in zip(state.caches, new[:layers], new[layers:], strict=True):
-            cache.self_attn.k, cache.self_attn.v = k, v
+            cache.self_attn.replace(k, v)  # the held-back reorder is in them
         state.step += 1
         return log_probs
 
-    def build(self, tokens: Tensor, state, caches: tuple[Tensor, ...], key: tuple[bool, int, int]):
+    def build(
+        self, tokens: Tensor, rows: Tensor, state, caches: tuple[Tensor, ...], key: tuple[bool, int, int]
+    ):
         """Export the step with S and T symbolic (and the sentence count B, for several), compile it with
         AOTInductor, load it. ``key``: (several sentences, rows G per sentence, cross-attention rows C per
         sentence)."""
@@ -164,15 +176,17 @@ class AotSteps:
         source = Dim("source", min=2, max=model.max_positions)
         cached = Dim("cached", min=1, max=model.max_positions - 1)  # one more position must fit
         sentences = Dim("sentences", min=2, max=MAX_SENTENCES)
+        stored = Dim("stored", min=1, max=MAX_SENTENCES * MAX_ROWS)  # self-cache rows before the reorder
         times = lambda n: {0: sentences if n == 1 else n * sentences} if several else {}  # noqa: E731
         layers = len(state.caches)
         shapes = (
             times(group),
+            times(group),
             {**times(1), 1: source},
             {**times(1), 1: source},
-            (*[{**times(group), 2: cached}] * (2 * layers), *[{**times(cross), 2: source}] * (2 * layers)),
+            (*[{0: stored, 2: cached}] * (2 * layers), *[{**times(cross), 2: source}] * (2 * layers)),
         )
-        args = (tokens, state.memory, state.memory_mask, *caches)
+        args = (tokens, rows, state.memory, state.memory_mask, *caches)
         # A cache of one position (step 1) stays symbolic instead of specialized to its size
         size_oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
         with torch.no_grad(), warnings.catch_warnings(), size_oblivious:

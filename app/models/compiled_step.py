@@ -46,16 +46,29 @@ class CacheTensors:
     cross_v: list[Tensor]
     cross_mask: list[Tensor | None]  # (B, k) for kernels that reduce keys (linformer), else None
     windows: tuple[int | None, ...] = field(default=())  # each self cache's ``max_len`` (sliding windows)
+    rows: Tensor | None = None  # (B*G,) with ``held``: the rows of self_k/self_v each decoder row goes on
+    # from (a beam reorder not applied yet); None: self_k/self_v are the decoder's rows in order
 
     @classmethod
-    def read(cls, caches: list) -> CacheTensors | None:
-        """The tensors of ``caches`` (a TransformerState's), or None before they are all filled."""
+    def read(cls, caches: list, *, held: bool = False) -> CacheTensors | None:
+        """The tensors of ``caches`` (a TransformerState's), or None before they are all filled.
+
+        ``held``: the self-attention caches as stored, with the reorder they hold back as ``rows`` (for a
+        step that gathers those rows as it appends, one copy instead of two); without it, or where the
+        layers hold different reorders, the reorder is applied first."""
         for cache in caches:
             if not (cache.self_attn.filled and cache.cross_attn.filled) or cache.self_attn.state is not None:
                 return None
+        stored = [c.self_attn.held() for c in caches]
+        rows = stored[0][2]
+        if held and all(same_rows(pending, rows) for *_, pending in stored):
+            self_k, self_v = [k for k, _, _ in stored], [v for _, v, _ in stored]
+        else:
+            self_k, self_v, rows = [c.self_attn.k for c in caches], [c.self_attn.v for c in caches], None
         return cls(
-            self_k=[c.self_attn.k for c in caches],
-            self_v=[c.self_attn.v for c in caches],
+            self_k=self_k,
+            self_v=self_v,
+            rows=rows,
             cross_k=[c.cross_attn.k for c in caches],
             cross_v=[c.cross_attn.v for c in caches],
             cross_mask=[c.cross_attn.key_mask for c in caches],
@@ -81,6 +94,11 @@ class CacheTensors:
                 strict=True,
             )
         ]
+
+
+def same_rows(a: Tensor | None, b: Tensor | None) -> bool:
+    """Whether two held-back reorders keep the same rows (None: none held)."""
+    return a is b or (a is not None and b is not None and torch.equal(a, b))
 
 
 def mark_dynamic(tokens: Tensor, memory: Tensor, memory_mask: Tensor, tensors: CacheTensors) -> None:
@@ -176,12 +194,12 @@ class CompiledSteps:
         """Log-probabilities (B, V) after ``tokens`` (B,), updating ``state``; None: run the eager step."""
         if self.failure is not None or self.model.training or torch.is_grad_enabled():
             return None
-        tensors = CacheTensors.read(state.caches)
-        if tensors is None:
-            return None
-        if self.ahead is not None and (log_probs := self.ahead(tokens, state, tensors)) is not None:
+        if self.ahead is not None and (log_probs := self.ahead(tokens, state)) is not None:
             return log_probs  # any row count: the packages' products go through oneDNN-packed weights
         if tokens.size(0) > self.max_rows:
+            return None
+        tensors = CacheTensors.read(state.caches)
+        if tensors is None:
             return None
         mark_dynamic(tokens, state.memory, state.memory_mask, tensors)
         frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]

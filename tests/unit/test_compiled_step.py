@@ -20,7 +20,13 @@ from app.decoding.beam import beam_hypotheses
 from app.decoding.greedy import greedy_hypotheses
 from app.models import Transformer
 from app.models.aot_step import standard_strides
-from app.models.compiled_step import CompiledSteps, compile_available, compile_decoding, own_code
+from app.models.compiled_step import (
+    CacheTensors,
+    CompiledSteps,
+    compile_available,
+    compile_decoding,
+    own_code,
+)
 
 pytestmark = [
     pytest.mark.usefixtures("single_torch_thread"),
@@ -259,3 +265,24 @@ def test_standard_strides_copies_only_a_tensor_whose_strides_differ() -> None:
     assert view.is_contiguous() and view.stride() != (32, 8, 8, 1)
     fixed = standard_strides(view)
     assert fixed.stride() == (32, 8, 8, 1) and torch.equal(fixed, view)
+
+
+def test_cache_tensors_read_held_gives_the_stored_rows_and_the_reorder(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor
+) -> None:
+    """``held``: the self caches as stored and the common held-back reorder as ``rows``; without ``held``,
+    or where layers hold different reorders, the reorder is applied (and ``rows`` is None)."""
+    model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, seed=1).eval()
+    with torch.no_grad():
+        state = model.start_beams(model.encode(src), 2)
+        rows = state.memory.size(0) * 2
+        for _ in range(2):
+            model.eager_decode_step(torch.full((rows,), BOS), state)
+    keep = torch.arange(rows).flip(0)
+    state.reorder(keep)
+    stored = [c.self_attn.held()[0] for c in state.caches]
+    held = CacheTensors.read(state.caches, held=True)
+    assert torch.equal(held.rows, keep) and all(k is s for k, s in zip(held.self_k, stored, strict=True))
+    state.caches[0].self_attn.reorder(keep)  # layer 0 now holds another reorder than the others
+    applied = CacheTensors.read(state.caches, held=True)
+    assert applied.rows is None and torch.equal(applied.self_k[1], stored[1][keep])

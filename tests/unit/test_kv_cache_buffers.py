@@ -89,3 +89,18 @@ def test_first_keys_are_stored_contiguous_so_steps_read_them_in_place() -> None:
     k, v = cache.append(view, view)
     assert not view.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     assert torch.equal(k, view) and torch.equal(v, view)
+
+
+def test_held_shows_the_stored_rows_and_the_reorder_and_replace_drops_it() -> None:
+    """The ahead-of-time step reads the stored tensors and the held reorder (it gathers them itself), then
+    stores what it computed from the kept rows: the reorder must not be applied a second time."""
+    cache = KVCache()
+    k0, v0 = step(3, t=2, seed=0)
+    cache.append(k0, v0)
+    cache.reorder(torch.tensor([2, 0, 0]))
+    cache.reorder(torch.tensor([1, 1, 0]))  # composed: rows [0, 0, 2] of the stored tensors
+    k, v, rows = cache.held()
+    assert k is cache._k and v is cache._v and rows.tolist() == [0, 0, 2]
+    grown = torch.cat([k.index_select(0, rows), step(3, seed=1)[0]], dim=2)
+    cache.replace(grown, grown.clone())
+    assert cache.pending is None and cache.k is grown  # no reorder applied on read
