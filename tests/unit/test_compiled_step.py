@@ -7,6 +7,7 @@ Compiling takes seconds per graph, so the sweep over every kernel is marked slow
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Callable
 
@@ -203,6 +204,7 @@ def test_aot_steps_equal_eager(make_transformer: Callable[..., Transformer], src
     # (several sentences?, rows per sentence, cross-attention rows per sentence: the beams share keys)
     assert set(ahead.runners) == {(False, 1, 1), (False, 3, 1), (True, 3, 1), (True, 1, 1)}
     assert ahead.failure is None and ahead.seconds > 0
+    assert gc.get_freeze_count() > 0  # the export's long-lived objects, out of later full collections
 
 
 def test_a_second_model_with_the_same_weights_finds_its_packages_built(
