@@ -56,8 +56,9 @@ FROZEN_FROM_ROWS = 2
 
 class ExportedStep(nn.Module):
     """The step as a module of flat tensors, for ``torch.export``: tokens (B*G,) for B sentences' G rows
-    each, memory (B, S, D), its mask (B, S), then each layer's self keys, self values (B*G, Hkv, T, Dh),
-    cross keys, cross values (B or B*G, Hkv, S, Dh: shared by a sentence's beams, or one copy each)."""
+    each, rows (B*G,) the stored self-cache row each one goes on from, memory (B, S, D), its mask (B, S),
+    then each layer's self keys, self values as stored (R, Hkv, T, Dh), cross keys, cross values (B or
+    B*G, Hkv, S, Dh: shared by a sentence's beams, or one copy each)."""
 
     def __init__(self, steps: CompiledSteps, layers: int, group: int) -> None:
         super().__init__()
