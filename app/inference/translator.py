@@ -86,12 +86,12 @@ class Translator(Engine):
         graphs, seconds = sum(r.graphs for r in runners), sum(r.seconds for r in runners)
         report = f"decoding steps compiled: {graphs} graphs in {seconds:.1f} s (paid once per process)"
         ahead = [r.ahead for r in runners if r.ahead is not None]
-        if packages := sum(len(a.runners) for a in ahead):
+        if packages := sum(a.packages for a in ahead):
             seconds = sum(a.seconds for a in ahead)
             report += f"; steps compiled ahead of time: {packages} package(s) in {seconds:.1f} s"
             if found := sum(a.cache_hits for a in ahead):
                 report += f" ({found} found built in the package cache)"
-        if failures := [a.failure for a in ahead if a.failure]:
+        if failures := [a.failure_report for a in ahead if a.failure_report]:
             report += f"; steps not compiled ahead of time ({failures[0]})"
         return report
 

@@ -14,9 +14,10 @@ package per G for one sentence (batch 1), and one per G for several with the sen
 :data:`MAX_SENTENCES`: a batch of 64, and the batch as its sentences finish). The caches must be ones the
 compiled path can hand over plainly: no sliding window (its cache trims itself by a size test), no reduced
 cross-attention keys (Linformer's mask); a source of 2 tokens or more; from the second step on (T >= 1: the
-cache length is exported size-oblivious, so a cache of one position does not specialize it). Anything else
-(the first step, which fills the cross-attention caches) returns None and goes on to the ``torch.compile``d or
-eager step. The self-attention caches come in as stored, with the reorder beam search holds back
+cache length is exported size-oblivious, so a cache of one position does not specialize it). The first
+step, which fills the cross-attention caches, and the encoder have packages of their own
+(:mod:`app.models.aot_start`); anything else returns None and goes on to the ``torch.compile``d or eager step.
+The self-attention caches come in as stored, with the reorder beam search holds back
 (:meth:`KVCache.held <app.attention.cache.KVCache.held>`) as row indices, and the package gathers the kept
 rows straight into the grown cache: one copy of the caches a step, where gathering first and then appending
 made two (beam 5 at batch 64: 1.045x). Packages of two rows or more are built with inductor's freezing, so
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from app.models.aot_cache import PackageStore
+from app.models.aot_start import AotStart
 from app.models.compiled_step import CacheTensors, describe_failure
 
 if TYPE_CHECKING:
@@ -123,6 +125,17 @@ class AotSteps:
         self.failure: str | None = None
         self.seconds = 0.0  # export + compile (or find) + load, all packages
         self._store: PackageStore | None = None  # made at the first package
+        self.start = AotStart(self)  # the encoder and the first step, packaged too
+
+    @property
+    def packages(self) -> int:
+        """Packages loaded so far: steps, encoder and first step."""
+        return len(self.runners) + len(self.start.runners)
+
+    @property
+    def failure_report(self) -> str | None:
+        """Why steps (or the encoder, or the first step) stay on the other path, or None."""
+        return self.failure or next(iter(self.start.failures.values()), None)
 
     @property
     def cache_hits(self) -> int:
@@ -153,7 +166,9 @@ class AotSteps:
         """Log-probabilities (B*G, V) after ``tokens`` (B*G,), updating ``state``; None where it does not
         fit."""
         tensors = CacheTensors.read(state.caches, held=True)
-        if tensors is None or not self.fits(tokens, state, tensors):
+        if tensors is None:  # the first step
+            return self.start.first_step(tokens, state)
+        if not self.fits(tokens, state, tensors):
             return None
         rows = tensors.rows
         if rows is None:
@@ -184,7 +199,6 @@ class AotSteps:
         sentence)."""
         from torch.export import Dim
 
-        started = time.perf_counter()
         model = self.steps.model
         several, group, cross = key
         source = Dim("source", min=2, max=model.max_positions)
@@ -201,18 +215,23 @@ class AotSteps:
             (*[{0: stored, 2: cached}] * (2 * layers), *[{**times(cross), 2: source}] * (2 * layers)),
         )
         args = (tokens, rows, state.memory, state.memory_mask, *caches)
-        # A cache of one position (step 1) stays symbolic instead of specialized to its size
+        name = f"step_{'b' if several else '1'}x{group}x{cross}"
+        frozen = several or group >= FROZEN_FROM_ROWS
+        return self.package(ExportedStep(self.steps, layers, group), args, shapes, name, frozen=frozen)
+
+    def package(self, module: nn.Module, args: tuple, shapes: tuple, name: str, *, frozen: bool):
+        """``module`` exported over ``args`` with the symbolic sizes ``shapes``, compiled with AOTInductor
+        (``frozen``: with inductor's freezing) or found built in the package cache, and loaded; the time it
+        took is added to :attr:`seconds`."""
+        started = time.perf_counter()
+        # A size of one (a cache of one position, at step 1) stays symbolic instead of specialized to it
         size_oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
         with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
-            program = torch.export.export(
-                ExportedStep(self.steps, layers, group), args, dynamic_shapes=shapes, strict=False
-            )
+            program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
             if self._store is None:
                 self._store = PackageStore()
-            name = f"step_{'b' if several else '1'}x{group}x{cross}"
-            configs = {"freezing": several or group >= FROZEN_FROM_ROWS}
-            runner = self._store.load_or_build(program, name, configs)
+            runner = self._store.load_or_build(program, name, {"freezing": frozen})
         del program
         settle_long_lived_objects()
         self.seconds += time.perf_counter() - started

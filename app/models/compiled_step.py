@@ -221,6 +221,13 @@ class CompiledSteps:
         state.step += 1
         return log_probs
 
+    def encode(self, src: Tensor):
+        """The encoder's output for ``src`` (B, S) through an ahead-of-time package (compile mode "aot"), or
+        None: run the eager encoder."""
+        if self.ahead is None or self.model.training or torch.is_grad_enabled():
+            return None
+        return self.ahead.start.encode(src)
+
     def step(
         self,
         tokens: Tensor,

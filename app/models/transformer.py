@@ -256,17 +256,30 @@ class Transformer(Seq2Seq):
         return self.embed_dropout(self.positions(embedding(tokens), offset))
 
     def encode(self, src: Tensor) -> EncoderOutput:
-        """The encoder's output (B, S, D) for ``src`` (B, S).
+        """The encoder's output (B, S, D) for ``src`` (B, S): compiled ahead of time where enabled
+        (:func:`~app.models.compiled_step.compile_decoding`), else :meth:`eager_encode`."""
+        if self.compiled_steps is not None and (encoded := self.compiled_steps.encode(src)) is not None:
+            return encoded
+        return self.eager_encode(src)
+
+    def eager_encode(self, src: Tensor) -> EncoderOutput:
+        """The encoder's output (B, S, D) for ``src`` (B, S), op by op.
 
         Without gradients (translation, validation) a padded batch runs its position-wise work over the
         real rows only (:mod:`app.attention.packing`); its memory is zeros at the padding, which every reader
         masks. Training keeps the padded layout, so its arithmetic and random draws are unchanged.
         """
         mask = padding_mask(src, self.pad_id)  # (B, S)
-        x = self.embed(src, self.src_embed)
         packed = None
         if self.pack_padding and not torch.is_grad_enabled() and not bool(mask.all()):
             packed = PackedRows.of(mask)
+        return self.encode_rows(src, mask, packed)
+
+    def encode_rows(self, src: Tensor, mask: Tensor, packed: PackedRows | None) -> EncoderOutput:
+        """The encoder over ``src`` (B, S) with its ``mask`` (B, S), position-wise work over the rows
+        ``packed`` where given (N of the B*S), else over the padded layout."""
+        x = self.embed(src, self.src_embed)
+        if packed is not None:
             x = packed.pack(x)  # (N, D)
         for layer in self.encoder:
             x = layer(x, mask, packed)

@@ -1,0 +1,111 @@
+"""The encoder and the first decoding step through AOTInductor packages (app.models.aot_start) compute what
+the eager ones do: the encoder's memory (zero at the padding) and mask, the first step's log-probabilities
+and every cache it fills; a part that cannot be packaged stays eager, alone."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from helpers.batches import random_sources
+
+from app.models import Transformer
+from app.models.aot_start import ExportedEncoder
+from app.models.compiled_step import compile_available, compile_decoding
+
+pytestmark = [
+    pytest.mark.usefixtures("single_torch_thread"),
+    pytest.mark.skipif(compile_available() is not None, reason="inductor finds no C++ compiler here"),
+]
+
+PAD, BOS, VOCAB = 0, 2, 20
+
+
+def aot_model(make_transformer: Callable[..., Transformer], attention: dict) -> Transformer:
+    """The weights of test_compiled_step's models: their packages are found in the session's cache."""
+    model = make_transformer(
+        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, tie_embeddings=False, seed=1, attention=attention
+    )
+    with torch.no_grad():
+        model.output.weight.mul_(3.0)
+    assert compile_decoding(model, "aot") is None
+    return model
+
+
+def first_step(model: Transformer, src: torch.Tensor) -> tuple[torch.Tensor, list, torch.Tensor]:
+    """The first step's log-probabilities, its filled caches and the memory, through ``model.encode``
+    and ``model.decode_step`` (the packages where enabled)."""
+    encoded = model.encode(src)
+    state = model.start_decoding(encoded)
+    log_probs = model.decode_step(torch.full((src.size(0),), BOS), state)
+    assert state.step == 1
+    return log_probs, state.caches, encoded.memory
+
+
+@pytest.mark.parametrize("sentences", [1, 5])
+def test_packaged_encoder_and_first_step_equal_eager(
+    make_transformer: Callable[..., Transformer], sentences: int
+) -> None:
+    model = aot_model(make_transformer, {"kernel": "eager"})
+    src = random_sources(sentences, 2, 9, vocab=VOCAB)  # right-padded where several
+    with torch.no_grad():
+        packaged = first_step(model, src)
+        start = model.compiled_steps.ahead.start
+        assert set(start.runners) >= {("encoder", sentences > 1), ("first step", sentences > 1)}
+        runner, model.compiled_steps = model.compiled_steps, None
+        eager = first_step(model, src)
+        model.compiled_steps = runner
+    (log_probs, caches, memory), (eager_log_probs, eager_caches, eager_memory) = packaged, eager
+    torch.testing.assert_close(memory, eager_memory, atol=1e-5, rtol=1e-5)
+    assert not memory[src == PAD].any()  # zero at the padding, as the packed eager encoder leaves it
+    torch.testing.assert_close(log_probs, eager_log_probs, atol=1e-5, rtol=1e-5)
+    for cache, expected in zip(caches, eager_caches, strict=True):
+        for site in ("self_attn", "cross_attn"):
+            got, want = getattr(cache, site), getattr(expected, site)
+            torch.testing.assert_close(got.k, want.k, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got.v, want.v, atol=1e-5, rtol=1e-5)
+            assert got.static == want.static and got.pending is None
+
+
+def test_an_encoder_that_fails_to_export_stays_eager_alone(
+    make_transformer: Callable[..., Transformer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self, src, index=None):
+        raise RuntimeError("this encoder does not export")
+
+    model = aot_model(make_transformer, {"kernel": "eager"})
+    monkeypatch.setattr(ExportedEncoder, "forward", refuse)
+    src = random_sources(3, 2, 9, vocab=VOCAB)
+    with torch.no_grad(), pytest.warns(UserWarning, match="the encoder not compiled ahead of time"):
+        _, _, memory = first_step(model, src)
+    ahead = model.compiled_steps.ahead
+    assert "this encoder does not export" in ahead.start.failures["encoder"]
+    assert set(ahead.start.runners) == {("first step", True)}  # the first step still packaged
+    assert "this encoder does not export" in ahead.failure_report
+    with torch.no_grad():
+        torch.testing.assert_close(memory, model.eager_encode(src).memory)
+
+
+def test_the_first_step_of_a_windowed_cache_stays_eager(make_transformer: Callable[..., Transformer]) -> None:
+    """A sliding window trims its cache (no later step is packaged): its first step is not packaged either."""
+    window = {"kernel": "sparse", "options": {"pattern": "sliding_window", "window": 4}}
+    attention = {"kernel": "eager", "sites": {"decoder_self": window}}
+    model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, attention=attention)
+    assert compile_decoding(model, "aot") is None
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first_step(model, random_sources(1, 2, 9, vocab=VOCAB))
+    assert set(model.compiled_steps.ahead.start.runners) == {("encoder", False)}
+
+
+def test_training_and_gradients_keep_the_eager_encoder(make_transformer: Callable[..., Transformer]) -> None:
+    model = aot_model(make_transformer, {"kernel": "eager"})
+    src = random_sources(2, 3, 5, vocab=VOCAB)
+    assert model.compiled_steps.encode(src) is None  # gradients on
+    with torch.no_grad():
+        model.train()
+        assert model.compiled_steps.encode(src) is None
+        model.eval()
+    assert not model.compiled_steps.ahead.start.runners
