@@ -36,7 +36,7 @@ from app.models.compiled_step import describe_failure
 from app.models.seq2seq import EncoderOutput
 
 if TYPE_CHECKING:
-    from app.models.aot_step import AotSteps
+    from app.models.aot_step import AotSteps, FlatRunner
 
 ENCODER, FIRST_STEP = "encoder", "first step"
 
@@ -87,7 +87,7 @@ class AotStart:
 
     def __init__(self, ahead: AotSteps) -> None:
         self.ahead = ahead
-        self.runners: dict[tuple[str, bool], object] = {}  # (part, several sentences) -> loaded package
+        self.runners: dict[tuple[str, bool], FlatRunner] = {}  # (part, several sentences) -> loaded package
         self.failures: dict[str, str] = {}  # part -> why it stays eager
 
     @property

@@ -3,8 +3,9 @@
 With ``--compile on`` or ``aot`` the torch engine compiles its decoding steps at first use: tens of
 seconds on a CPU, in which the first requests would wait past their deadline and be answered 503.
 :func:`warm_up` translates a few short inputs in the shapes requests take (one sentence and two, greedy
-and the default beam) before the server starts, so the graphs, and the ahead-of-time packages of batch-1
-steps (greedy and beam 5), exist when the first request comes.
+and the default beam) before the server starts, so the graphs, and the ahead-of-time packages (the
+encoder, the first step and the later steps of greedy and beam 5, for one sentence and several), exist when
+the first request comes.
 """
 
 from __future__ import annotations

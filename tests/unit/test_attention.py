@@ -136,6 +136,29 @@ def test_sdpa_single_queries_of_many_rows_match_reference(kv_heads: int) -> None
         torch.testing.assert_close(out, reference_attention(q, k, v, mask, causal), rtol=1e-9, atol=1e-10)
 
 
+def test_sdpa_single_queries_export_for_any_row_count() -> None:
+    """A program exported with the row count symbolic (an ahead-of-time package of several sentences) takes
+    one path for every count instead of constraining the count to one side of the 256 pairs."""
+
+    class Step(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kernel = build_kernel("sdpa")
+
+        def forward(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> Tensor:
+            return self.kernel(q, k, v, key_mask=key_mask).context
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(8, 4, 1, 8, generator=gen)
+    k, v = (torch.randn(8, 2, 6, 8, generator=gen) for _ in range(2))
+    key_mask = torch.arange(6)[None, :] < torch.randint(1, 7, (8,), generator=gen)[:, None]
+    rows = {0: torch.export.Dim("rows", min=2, max=4096)}
+    program = torch.export.export(Step(), (q, k, v, key_mask), dynamic_shapes=(rows,) * 4, strict=False)
+    for count in (8, 100):  # 32 and 400 (row, head) pairs
+        args = [t.repeat(count // 8 + 1, *[1] * (t.dim() - 1))[:count] for t in (q, k, v, key_mask)]
+        torch.testing.assert_close(program.module()(*args), reference_attention(*args, False))
+
+
 @pytest.mark.parametrize("name", KERNELS)
 def test_kernel_contract(name: str) -> None:
     kernel = build_kernel(name)

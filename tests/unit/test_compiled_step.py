@@ -206,6 +206,8 @@ def test_aot_steps_equal_eager(make_transformer: Callable[..., Transformer], src
     # (part, several sentences?): the encoder and the first step, packaged too (app.models.aot_start)
     assert set(ahead.start.runners) == {(p, n) for p in ("encoder", "first step") for n in (False, True)}
     assert ahead.failure_report is None and ahead.seconds > 0
+    # called straight through the C++ runner (FlatRunner), not the package's tree-spec wrapper
+    assert all(r.run is not None for r in [*ahead.runners.values(), *ahead.start.runners.values()])
     assert gc.get_freeze_count() > 0  # the export's long-lived objects, out of later full collections
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -16,6 +17,18 @@ from app.attention.registry import register_kernel
 # thread. Same function; stateless, so shared.
 _EXPLICIT = EagerAttention()
 EXPLICIT_FROM_PAIRS = 256
+
+
+def explicit_wins(pairs: int | torch.SymInt) -> bool:
+    """Whether one query row of ``pairs`` (row, head) pairs is computed by the reference kernel.
+
+    A program exported for any batch (an ahead-of-time package of several sentences, its row count
+    symbolic) cannot branch on the count without constraining it to one side; it takes the reference
+    kernel's products, which the packages of the eager kernel run at every size.
+    """
+    if not isinstance(pairs, int) and torch.compiler.is_exporting():
+        return True
+    return pairs > EXPLICIT_FROM_PAIRS
 
 
 @register_kernel("sdpa")
@@ -43,8 +56,8 @@ class SDPAttention(AttentionKernel):
         tq, tk = q.size(2), k.size(2)
         if (
             tq == 1
-            and q.size(0) * q.size(1) > EXPLICIT_FROM_PAIRS
             and dropout_p == 0.0
+            and explicit_wins(q.size(0) * q.size(1))
             and q.device.type == "cpu"
         ):
             return _EXPLICIT(q, k, v, key_mask=key_mask, causal=causal)
