@@ -246,10 +246,21 @@ class AotSteps:
         size_oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
         with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
+            # One eager call first: kernels draw their fixed random tensors at first use (LSH's rotations,
+            # FAVOR's features, from a seeded generator), which a package cannot do; drawn, they are constants
+            module(*args)
             program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
             if self._store is None:
                 self._store = PackageStore()
-            runner = FlatRunner(self._store.load_or_build(program, name, {"freezing": frozen}))
+            try:
+                package = self._store.load_or_build(program, name, {"freezing": frozen})
+            except Exception:
+                if not frozen:
+                    raise
+                # Inductor's freezing fails on some graphs that compile without it (the FAVOR encoder of
+                # several sentences: its lifted random features); unfrozen, the products stay MKL's
+                package = self._store.load_or_build(program, name, {"freezing": False})
+            runner = FlatRunner(package)
         del program
         settle_long_lived_objects()
         self.seconds += time.perf_counter() - started

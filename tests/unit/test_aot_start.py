@@ -109,3 +109,20 @@ def test_training_and_gradients_keep_the_eager_encoder(make_transformer: Callabl
         assert model.compiled_steps.encode(src) is None
         model.eval()
     assert not model.compiled_steps.ahead.start.runners
+
+
+def test_an_encoder_with_random_features_is_packaged(make_transformer: Callable[..., Transformer]) -> None:
+    """FAVOR's features are drawn at first use from a seeded generator, which a package cannot do: an
+    eager call before the export draws them, so they go in as constants. With several sentences inductor's
+    freezing fails on that graph, and the package is built without it. The decoder's recurrent state keeps
+    the first step eager."""
+    favor = {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}}
+    model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, attention=favor)
+    assert compile_decoding(model, "aot") is None
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing falls back
+        for sentences in (1, 4):
+            src = random_sources(sentences, 2, 9, vocab=VOCAB)
+            packaged = model.encode(src).memory
+            torch.testing.assert_close(packaged, model.eager_encode(src).memory, atol=1e-5, rtol=1e-5)
+    assert set(model.compiled_steps.ahead.start.runners) == {("encoder", False), ("encoder", True)}

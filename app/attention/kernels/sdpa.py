@@ -54,12 +54,7 @@ class SDPAttention(AttentionKernel):
         if need_weights:
             raise ValueError("the sdpa kernel cannot return attention weights; use kernel=eager")
         tq, tk = q.size(2), k.size(2)
-        if (
-            tq == 1
-            and dropout_p == 0.0
-            and explicit_wins(q.size(0) * q.size(1))
-            and q.device.type == "cpu"
-        ):
+        if tq == 1 and dropout_p == 0.0 and explicit_wins(q.size(0) * q.size(1)) and q.device.type == "cpu":
             return _EXPLICIT(q, k, v, key_mask=key_mask, causal=causal)
         causal = causal and tq > 1  # one query (cached decoding) sits at the last key: it sees them all
         gqa = k.size(1) != q.size(1)
