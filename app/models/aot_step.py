@@ -26,7 +26,8 @@ their products run through oneDNN over weights packed at build (:data:`FROZEN_FR
 package is needed at the first step that fits it: exported (~1 s), then found in the package cache of
 :mod:`app.models.aot_cache` (kept across processes, named by a digest of the program and its weights) or
 compiled into it (~13-25 s on 2 CPU cores); the time is reported with the compile time. Fallback: an export or
-compile error is warned about once and every such step stays on the other path.
+compile error is warned about once and the steps of that shape (one sentence or several, rows per sentence)
+stay on the other path; the other shapes' packages go on.
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ class AotSteps:
     def __init__(self, steps: CompiledSteps) -> None:
         self.steps = steps
         self.runners: dict[tuple[bool, int, int], FlatRunner] = {}  # see build's key -> loaded package
-        self.failure: str | None = None
+        self.failure: str | None = None  # the first build that failed, why (for the compile report)
+        self.failed: set[tuple[bool, int, int]] = set()  # keys (see build) whose package failed: not retried
         self.seconds = 0.0  # export + compile (or find) + load, all packages
         self._store: PackageStore | None = None  # made at the first package
         self.start = AotStart(self)  # the encoder and the first step, packaged too
@@ -165,8 +167,7 @@ class AotSteps:
         1 <= T < max positions, S >= 2."""
         length, sentences = tensors.self_k[0].size(2), state.memory.size(0)
         return (
-            self.failure is None
-            and tokens.size(0) == sentences * state.group
+            tokens.size(0) == sentences * state.group
             and state.group <= MAX_ROWS
             and sentences <= MAX_SENTENCES
             and tensors.cross_k[0].size(0) in (sentences, tokens.size(0))  # shared by the beams, or copied
@@ -188,19 +189,24 @@ class AotSteps:
             return self.start.first_step(tokens, state)
         if not self.fits(tokens, state, tensors):
             return None
+        sentences = state.memory.size(0)
+        key = (sentences > 1, state.group, tensors.cross_k[0].size(0) // sentences)
+        if key in self.failed:
+            return None
         rows = tensors.rows
         if rows is None:
             rows = torch.arange(tokens.size(0), device=tokens.device)
         caches = (*tensors.self_k, *tensors.self_v, *tensors.cross_k, *tensors.cross_v)
         caches = tuple(map(standard_strides, caches))
-        sentences = state.memory.size(0)
-        key = (sentences > 1, state.group, tensors.cross_k[0].size(0) // sentences)
         if (runner := self.runners.get(key)) is None:
             try:
                 runner = self.runners[key] = self.build(tokens, rows, state, caches, key)
             except Exception as error:
-                self.failure = describe_failure(error)
-                warnings.warn(f"decoding steps not compiled ahead of time ({self.failure})", stacklevel=3)
+                # This shape stays on the other path; the packages of other shapes go on
+                self.failed.add(key)
+                failure = describe_failure(error)
+                self.failure = self.failure or failure
+                warnings.warn(f"decoding steps not compiled ahead of time ({failure})", stacklevel=3)
                 return None
         log_probs, *new = runner(tokens, rows, state.memory, state.memory_mask, *caches)
         layers = len(state.caches)

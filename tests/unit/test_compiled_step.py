@@ -20,7 +20,7 @@ from app.decoding import output_limits
 from app.decoding.beam import beam_hypotheses
 from app.decoding.greedy import greedy_hypotheses
 from app.models import Transformer
-from app.models.aot_step import standard_strides
+from app.models.aot_step import ExportedStep, standard_strides
 from app.models.compiled_step import (
     CacheTensors,
     CompiledSteps,
@@ -252,6 +252,31 @@ def test_a_failing_export_leaves_one_row_steps_to_the_other_path(
         compiled, eager = decode_both(model, one_row_sources(src)[0], beam=1)
     assert_same_hypotheses(compiled, eager)
     assert "this step does not export" in model.compiled_steps.ahead.failure
+
+
+def test_a_shape_that_fails_to_export_leaves_the_other_shapes_packaged(
+    make_transformer: Callable[..., Transformer], src: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The several-sentence step failing (as sdpa's once did) keeps one sentence's package in use."""
+    forward = ExportedStep.forward
+
+    def one_sentence_only(self, tokens, rows, memory, memory_mask, *caches):
+        if memory.size(0) > 1:
+            raise RuntimeError("several sentences do not export")
+        return forward(self, tokens, rows, memory, memory_mask, *caches)
+
+    model = aot_model(make_transformer, {"kernel": "eager"})
+    monkeypatch.setattr(ExportedStep, "forward", one_sentence_only)
+    one = one_row_sources(src)[0]
+    assert_same_hypotheses(*decode_both(model, one, beam=1))
+    with pytest.warns(UserWarning, match="several sentences do not export"):
+        assert_same_hypotheses(*decode_both(model, src, beam=1))
+    ahead = model.compiled_steps.ahead
+    assert ahead.failed == {(True, 1, 1)} and "several sentences" in ahead.failure
+    runner, calls = ahead.runners[False, 1, 1], []
+    monkeypatch.setattr(runner, "run", lambda tensors, run=runner.run: calls.append(1) or run(tensors))
+    assert_same_hypotheses(*decode_both(model, one, beam=1))
+    assert calls  # one sentence's steps still through the package
 
 
 def test_aot_leaves_bf16_autocast_to_the_other_steps(
