@@ -35,6 +35,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from app.acceleration.weight_layout import store_column_major
 from app.attention.config import SITES, describe_attention, site_specs
 from app.attention.registry import available_kernels, kernel_class
 from app.bench.engine_set import CT2_QUANTIZATION, EngineKey, check_kinds, engine_set
@@ -47,7 +48,6 @@ from app.inference.languages import with_languages
 from app.inference.translator import Translator
 from app.models import build_model
 from app.models.seq2seq import Seq2Seq
-from app.models.weight_layout import store_column_major
 
 
 @dataclass

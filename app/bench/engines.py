@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from app.acceleration.decoding import COMPILE_MODES
 from app.attention.registry import available_kernels
 from app.bench.decoding import read_lines
 from app.bench.engine_kernels import KernelVariant, open_kernel_engines
@@ -53,7 +54,6 @@ from app.checkpoint import CheckpointError
 from app.hardware import cpu_description, cpu_has_fast_bf16
 from app.inference.engine import Engine, SearchSettings
 from app.inference.metrics import corpus_scores
-from app.models.compiled_step import COMPILE_MODES
 
 
 @dataclass(frozen=True)

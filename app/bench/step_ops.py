@@ -1,5 +1,6 @@
 """The operations of a decoding step, timed apart: why decoding stores Linear weights column-major
-(:mod:`app.models.weight_layout`) and packs the wide ones for oneDNN (:mod:`app.models.packed_linear`),
+(:mod:`app.acceleration.weight_layout`) and packs the wide ones for oneDNN
+(:mod:`app.acceleration.packed_linear`),
 when ``sdpa`` takes its explicit single-query path, and what ranking beam candidates by chunks saves.
 
 1. **Linear layouts.** One step's linears of a Transformer decoder (per layer: six d x d projections, the
@@ -8,7 +9,8 @@ when ``sdpa`` takes its explicit single-query path, and what ranking beam candid
 2. **Single-query attention.** ``F.scaled_dot_product_attention`` against the reference kernel's two
    batched products for one query row per sentence (a cached decoding step), per row count.
 3. **oneDNN for the wide linears.** Each shape of a step's linears through MKL (column-major weight) and
-   through oneDNN over a packed weight (:mod:`app.models.packed_linear`), per row count: why decoding packs
+   through oneDNN over a packed weight (:mod:`app.acceleration.packed_linear`), per row count: why decoding
+   packs
    the feed-forward pair and output layer and uses them from 2 rows up.
 4. **Beam candidates.** The 2K best continuations of each sentence from its K rows of V log-probabilities,
    ranked directly (``topk`` over K*V shifted scores) and through chunk maxima
@@ -27,11 +29,11 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from app.acceleration.packed_linear import onednn_linear_available, pack_weight, packed_product
 from app.attention.kernels.eager import EagerAttention
 from app.bench.timing import median_ms
 from app.decoding.candidates import chunk_width, ranked_directly, top_candidates
 from app.hardware import cpu_description
-from app.models.packed_linear import onednn_linear_available, pack_weight, packed_product
 
 CPU = torch.device("cpu")
 

@@ -101,8 +101,9 @@ def best_peaks(*measured: dict[str, float | None]) -> dict[str, float | None]:
 
 
 def ratio(value: float, peak: float | None) -> float | None:
-    """``value / peak`` to four decimals, or None without a peak."""
-    return None if peak is None else round(value / peak, 4)
+    """``value / peak`` unrounded (a tiny model on a large GPU uses well under 0.01%: rounded, its
+    utilisation read as zero), or None without a peak."""
+    return None if peak is None else value / peak
 
 
 def utilisation(
@@ -115,7 +116,7 @@ def utilisation(
     model_tflops = statistics.median(window_rates(clock.flops, clock.ends, *window)) / 1e12
     peak = peaks["bf16"] if "bf16" in precision else peaks["fp32"]
     return {
-        "model_tflops": round(model_tflops, 4),
+        "model_tflops": model_tflops,
         "mfu": ratio(model_tflops, peak),
         "mfu_bf16": ratio(model_tflops, peaks["bf16"]),
     }

@@ -29,13 +29,13 @@ from typing import TextIO
 
 import torch
 
+from app.acceleration.decoding import COMPILE_MODES
 from app.checkpoint import CheckpointError
 from app.decoding import Sampling
 from app.inference.engine import Engine, SearchSettings, Translation
 from app.inference.engines import ENGINES, open_engine
 from app.inference.evaluate import Evaluation, evaluate
 from app.inference.lines import chunks, decode_lines, output_file, silence_stdout
-from app.models.compiled_step import COMPILE_MODES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

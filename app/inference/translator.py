@@ -14,6 +14,9 @@ from contextlib import contextmanager
 
 import torch
 
+from app.acceleration.decoding import CompileReport, accelerate
+from app.acceleration.packed_linear import pack_wide_linears
+from app.acceleration.weight_layout import store_column_major
 from app.checkpoint import CheckpointError, LoadedModel, load_model
 from app.data.tokenizer import Tokenizer
 from app.decoding import (
@@ -34,11 +37,8 @@ from app.inference.engine import (
     on_subset,
     split_blank,
 )
-from app.models.compiled_step import CompiledSteps, compile_decoding
 from app.models.ensemble import Ensemble
-from app.models.packed_linear import pack_wide_linears
 from app.models.seq2seq import Seq2Seq
-from app.models.weight_layout import store_column_major
 
 PathLike = str | os.PathLike[str]
 
@@ -57,16 +57,17 @@ class Translator(Engine):
         source: str = "<in memory>",
     ) -> None:
         self.model = model
+        self.searched: Seq2Seq = model  # what search runs: the model, or it wrapped by :meth:`compile`
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.source = source
         self.compile_mode = "off"
         self.eager_reason: str | None = None  # why compile_mode did not compile (None: it did, or off)
 
     def compile(self, mode: str) -> None:
-        """Decode through ``torch.compile``d steps: ``mode`` auto | on | aot | off (see
-        :func:`~app.models.compiled_step.compile_decoding`); where it cannot, decoding stays eager."""
+        """Search through compiled decoding: ``mode`` auto | on | aot | off (see
+        :func:`~app.acceleration.decoding.accelerate`); where it cannot, decoding stays eager."""
         self.compile_mode = mode
-        reason = compile_decoding(self.model, mode)
+        self.searched, reason = accelerate(self.model, mode)
         self.eager_reason = None if mode == "off" else reason
 
     def compile_report(self) -> str | None:
@@ -75,25 +76,7 @@ class Translator(Engine):
             return None
         if self.eager_reason is not None:
             return f"decoding eager (compile={self.compile_mode}): {self.eager_reason}"
-        runners = [
-            m.compiled_steps
-            for m in self.model.modules()
-            if isinstance(m.__dict__.get("compiled_steps"), CompiledSteps)
-        ]
-        failed = [r.failure for r in runners if r.failure]
-        if failed:
-            return f"decoding eager: torch.compile failed ({failed[0]})"
-        graphs, seconds = sum(r.graphs for r in runners), sum(r.seconds for r in runners)
-        report = f"decoding steps compiled: {graphs} graphs in {seconds:.1f} s (paid once per process)"
-        ahead = [r.ahead for r in runners if r.ahead is not None]
-        if packages := sum(a.packages for a in ahead):
-            seconds = sum(a.seconds for a in ahead)
-            report += f"; steps compiled ahead of time: {packages} package(s) in {seconds:.1f} s"
-            if found := sum(a.cache_hits for a in ahead):
-                report += f" ({found} found built in the package cache)"
-        if failures := [a.failure_report for a in ahead if a.failure_report]:
-            report += f"; steps not compiled ahead of time ({failures[0]})"
-        return report
+        return CompileReport.of(self.searched).line()
 
     @property
     def device(self) -> torch.device:
@@ -202,7 +185,7 @@ class Translator(Engine):
     def hypotheses(self, sources: list[list[int]], settings: SearchSettings) -> list[list[Hypothesis]]:
         """Search for every source (ids incl. EOS); batches of similar length, results in input order."""
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        with evaluating(self.model):
+        with evaluating(self.searched):
             for batch_ids in length_sorted_batches(sources, settings.batch_size):
                 src = pad_batch([sources[i] for i in batch_ids], self.src_tokenizer.pad_id).to(self.device)
                 for index, hyps in zip(batch_ids, self.search(src, settings), strict=True):
@@ -228,9 +211,9 @@ class Translator(Engine):
         if settings.sampling is not None:
             return self.sample(src, settings, common)
         if settings.beam == 1:
-            return [[h] for h in greedy_hypotheses(self.model, src, **common)]
+            return [[h] for h in greedy_hypotheses(self.searched, src, **common)]
         return beam_hypotheses(
-            self.model, src, beam_size=settings.beam, alpha=settings.alpha, nbest=settings.nbest, **common
+            self.searched, src, beam_size=settings.beam, alpha=settings.alpha, nbest=settings.nbest, **common
         )
 
     def sample(self, src: torch.Tensor, settings: SearchSettings, common: dict) -> list[list[Hypothesis]]:
@@ -238,7 +221,7 @@ class Translator(Engine):
         n = settings.nbest
         rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
         common = {**common, "limits": common["limits"][rows]}
-        drawn = sample_search(self.model, src[rows], settings.sampling, **common)
+        drawn = sample_search(self.searched, src[rows], settings.sampling, **common)
         return [sorted(drawn[i * n : (i + 1) * n], key=lambda h: -h.score) for i in range(src.size(0))]
 
 

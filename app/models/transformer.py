@@ -17,7 +17,6 @@ from torch import Tensor, nn
 from app.attention import KVCache, MultiHeadAttention, build_kernel, padding_mask
 from app.attention.factory import AttentionSpec, build_attention
 from app.attention.packing import PackedRows
-from app.models.compiled_step import CompiledSteps
 from app.models.dropout import Dropout
 from app.models.embeddings import SinusoidalPositions, TokenEmbedding
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
@@ -187,8 +186,6 @@ class TransformerState(DecoderState):
 class Transformer(Seq2Seq):
     """Encoder-decoder Transformer with optional (two- or three-way) tied embeddings."""
 
-    compiled_steps: CompiledSteps | None = None  # set by :func:`app.models.compiled_step.compile_decoding`
-
     def __init__(
         self,
         *,
@@ -256,14 +253,7 @@ class Transformer(Seq2Seq):
         return self.embed_dropout(self.positions(embedding(tokens), offset))
 
     def encode(self, src: Tensor) -> EncoderOutput:
-        """The encoder's output (B, S, D) for ``src`` (B, S): compiled ahead of time where enabled
-        (:func:`~app.models.compiled_step.compile_decoding`), else :meth:`eager_encode`."""
-        if self.compiled_steps is not None and (encoded := self.compiled_steps.encode(src)) is not None:
-            return encoded
-        return self.eager_encode(src)
-
-    def eager_encode(self, src: Tensor) -> EncoderOutput:
-        """The encoder's output (B, S, D) for ``src`` (B, S), op by op.
+        """The encoder's output (B, S, D) for ``src`` (B, S).
 
         Without gradients (translation, validation) a padded batch runs its position-wise work over the
         real rows only (:mod:`app.attention.packing`); its memory is zeros at the padding, which every reader
@@ -336,18 +326,8 @@ class Transformer(Seq2Seq):
         state.group = beams
 
     def decode_step(self, tokens: Tensor, state: TransformerState, need_weights: bool = False) -> Tensor:
-        """Log-probabilities (B, V) of the next token after ``tokens`` (B,); compiled where enabled
-        (:meth:`compile_steps`), else :meth:`eager_decode_step`."""
-        if self.compiled_steps is not None and not need_weights:
-            log_probs = self.compiled_steps(tokens, state)
-            if log_probs is not None:
-                return log_probs
-        return self.eager_decode_step(tokens, state, need_weights)
-
-    def eager_decode_step(
-        self, tokens: Tensor, state: TransformerState, need_weights: bool = False
-    ) -> Tensor:
-        """One cached step, op by op: embeddings, every decoder layer, output layer and log-softmax."""
+        """Log-probabilities (B, V) of the next token after ``tokens`` (B,), one cached step: embeddings,
+        every decoder layer, output layer and log-softmax; ``state`` moves one position on."""
         y = self.embed(tokens[:, None], self.tgt_embed, offset=state.step)  # (B, 1, D)
         for layer, cache in zip(self.decoder, state.caches, strict=True):
             y = layer(

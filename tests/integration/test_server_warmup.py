@@ -14,9 +14,9 @@ import torch
 from helpers.models import TINY_TRANSFORMER
 from helpers.server import TIMEOUT, running_server
 
+from app.acceleration.compiled_step import compile_available
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
-from app.models.compiled_step import compile_available
 from app.serving import ServerLimits, create_app
 from app.serving.warmup import warm_up
 

@@ -14,11 +14,11 @@ import torch
 from helpers.models import TINY_TRANSFORMER
 from helpers.training import subprocess_env
 
+from app.acceleration.compiled_step import compile_available
 from app.bench import engines as bench_engines
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.metrics import corpus_scores
-from app.models.compiled_step import compile_available
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

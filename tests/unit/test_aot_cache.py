@@ -1,4 +1,5 @@
-"""The AOTInductor package cache: where it lives, what names a package, damaged files, the size bound."""
+"""The AOTInductor package cache: where it lives, what names a package, what it trusts (only packages it
+signed, in a folder of the user's own), damaged and planted files, the size bound."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.models.aot_cache import PackageStore, cache_folder, program_digest, prune, size_limit
+from app.acceleration.aot_cache import (
+    PackageStore,
+    cache_folder,
+    mac_path,
+    program_digest,
+    prune,
+    signing_key,
+    size_limit,
+)
 
 
 def test_the_folder_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,10 +96,63 @@ def test_a_package_is_found_again_and_a_damaged_one_is_rebuilt(
 
     package.write_bytes(b"not a package")
     third = PackageStore()
-    with pytest.warns(UserWarning, match="did not load"):
+    with pytest.warns(UserWarning, match="refused: not made by this cache"):
         runner = third.load_or_build(exported(module), "scale", {})
     torch.testing.assert_close(runner(x), expected)
     assert third.hits == 0 and package.stat().st_size > 100
+
+
+def test_a_planted_package_is_refused_and_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real, loadable package of another computation put under a package's name (as an attacker with
+    the folder, or a copy from another machine, would) is never run: its MAC does not match this cache's
+    key. Nor is a planted package with a MAC made under another key."""
+    folder = tmp_path / "packages"
+    monkeypatch.setenv("ATTN_MT_AOT_CACHE", str(folder))
+    torch.manual_seed(0)
+    module, other, x = Scale(), Scale(), torch.randn(5, 8)
+    store = PackageStore()
+    store.load_or_build(exported(module), "scale", {})
+    store.load_or_build(exported(other), "other", {})
+    (package,) = folder.glob("scale-*.pt2")
+    (foreign,) = folder.glob("other-*.pt2")
+    package.write_bytes(foreign.read_bytes())  # loadable, but computes `other`
+    with pytest.warns(UserWarning, match="refused: not made by this cache"):
+        runner = PackageStore().load_or_build(exported(module), "scale", {})
+    torch.testing.assert_close(runner(x), module(x))
+
+    elsewhere = tmp_path / "elsewhere"  # another cache (another user or machine) signs with its own key
+    monkeypatch.setenv("ATTN_MT_AOT_CACHE", str(elsewhere))
+    PackageStore().load_or_build(exported(other), "scale-planted", {})
+    (signed_elsewhere,) = elsewhere.glob("scale-planted-*.pt2")
+    package.write_bytes(signed_elsewhere.read_bytes())
+    mac_path(package).write_bytes(mac_path(signed_elsewhere).read_bytes())
+    monkeypatch.setenv("ATTN_MT_AOT_CACHE", str(folder))
+    store = PackageStore()
+    with pytest.warns(UserWarning, match="refused"):
+        runner = store.load_or_build(exported(module), "scale", {})
+    torch.testing.assert_close(runner(x), module(x))
+    assert store.hits == 0 and store.trusted(package)
+
+
+def test_the_folder_is_made_private_and_a_folder_of_another_user_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "packages"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    monkeypatch.setenv("ATTN_MT_AOT_CACHE", str(folder))
+    store = PackageStore()
+    assert store.persistent and folder.stat().st_mode & 0o777 == 0o700
+    key = folder / "key"
+    assert key.stat().st_mode & 0o777 == 0o600 and signing_key(folder) == store.key
+    key.chmod(0o644)  # readable by others: no longer a secret, so replaced
+    assert signing_key(folder) != store.key and key.stat().st_mode & 0o077 == 0
+    if os.getuid() != 0:
+        return  # only root can hand a folder to another user
+    os.chown(folder, 65534, 65534)
+    with pytest.warns(UserWarning, match="belongs to user id 65534"):
+        store = PackageStore()
+    assert not store.persistent and store.folder != folder
 
 
 def test_off_keeps_packages_for_the_process_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""The encoder and the first decoding step through AOTInductor packages (app.models.aot_start) compute what
+"""The encoder and the first decoding step through AOTInductor packages (app.acceleration.aot_start) compute what
 the eager ones do: the encoder's memory (zero at the padding) and mask, the first step's log-probabilities
 and every cache it fills; a part that cannot be packaged stays eager, alone."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from helpers.batches import random_sources
 
+from app.acceleration.aot_start import ExportedEncoder
+from app.acceleration.compiled_step import compile_available, compile_decoding
 from app.models import Transformer
-from app.models.aot_start import ExportedEncoder
-from app.models.compiled_step import compile_available, compile_decoding
 
 pytestmark = [
     pytest.mark.usefixtures("single_torch_thread"),
@@ -85,7 +85,7 @@ def test_an_encoder_that_fails_to_export_stays_eager_alone(
     assert set(ahead.start.runners) == {("first step", True)}  # the first step still packaged
     assert "this encoder does not export" in ahead.failure_report
     with torch.no_grad():
-        torch.testing.assert_close(memory, model.eager_encode(src).memory)
+        torch.testing.assert_close(memory, model.encode(src).memory)
 
 
 def test_the_first_step_of_a_windowed_cache_stays_eager(make_transformer: Callable[..., Transformer]) -> None:
@@ -124,5 +124,5 @@ def test_an_encoder_with_random_features_is_packaged(make_transformer: Callable[
         for sentences in (1, 4):
             src = random_sources(sentences, 2, 9, vocab=VOCAB)
             packaged = model.encode(src).memory
-            torch.testing.assert_close(packaged, model.eager_encode(src).memory, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(packaged, model.encode(src).memory, atol=1e-5, rtol=1e-5)
     assert set(model.compiled_steps.ahead.start.runners) == {("encoder", False), ("encoder", True)}

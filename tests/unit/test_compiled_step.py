@@ -16,18 +16,18 @@ import torch
 from helpers.attention_menu import attention_menu
 from helpers.batches import random_sources
 
-from app.decoding import output_limits
-from app.decoding.beam import beam_hypotheses
-from app.decoding.greedy import greedy_hypotheses
-from app.models import Transformer
-from app.models.aot_step import ExportedStep, standard_strides
-from app.models.compiled_step import (
+from app.acceleration.aot_step import ExportedStep, standard_strides
+from app.acceleration.compiled_step import (
     CacheTensors,
     CompiledSteps,
     compile_available,
     compile_decoding,
     own_code,
 )
+from app.decoding import output_limits
+from app.decoding.beam import beam_hypotheses
+from app.decoding.greedy import greedy_hypotheses
+from app.models import Transformer
 
 pytestmark = [
     pytest.mark.usefixtures("single_torch_thread"),
@@ -203,7 +203,7 @@ def test_aot_steps_equal_eager(make_transformer: Callable[..., Transformer], src
     ahead = model.compiled_steps.ahead
     # (several sentences?, rows per sentence, cross-attention rows per sentence: the beams share keys)
     assert set(ahead.runners) == {(False, 1, 1), (False, 3, 1), (True, 3, 1), (True, 1, 1)}
-    # (part, several sentences?): the encoder and the first step, packaged too (app.models.aot_start)
+    # (part, several sentences?): the encoder and the first step, packaged too (app.acceleration.aot_start)
     assert set(ahead.start.runners) == {(p, n) for p in ("encoder", "first step") for n in (False, True)}
     assert ahead.failure_report is None and ahead.seconds > 0
     # called straight through the C++ runner (FlatRunner), not the package's tree-spec wrapper
@@ -214,7 +214,7 @@ def test_aot_steps_equal_eager(make_transformer: Callable[..., Transformer], src
 def test_a_second_model_with_the_same_weights_finds_its_packages_built(
     make_transformer: Callable[..., Transformer], src: torch.Tensor
 ) -> None:
-    """The package cache (app.models.aot_cache): a model built again, as a new process would, loads the
+    """The package cache (app.acceleration.aot_cache): a model built again, as a new process would, loads the
     first one's packages instead of compiling them, and decodes as eager; other weights compile anew."""
     first = aot_model(make_transformer, {"kernel": "eager"})
     assert_same_hypotheses(*decode_both(first, src, beam=1))
@@ -226,7 +226,7 @@ def test_a_second_model_with_the_same_weights_finds_its_packages_built(
     with torch.no_grad():
         other.encoder[0].ffn[0].weight.mul_(-2.0)
         packaged = other.encode(src).memory  # one package (the encoder's) is enough to show it
-        torch.testing.assert_close(packaged, other.eager_encode(src).memory, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packaged, other.encode(src).memory, atol=1e-5, rtol=1e-5)
     assert other.compiled_steps.ahead.cache_hits == 0 and other.compiled_steps.ahead.packages == 1
 
 
@@ -309,7 +309,7 @@ def test_cache_tensors_read_held_gives_the_stored_rows_and_the_reorder(
         state = model.start_beams(model.encode(src), 2)
         rows = state.memory.size(0) * 2
         for _ in range(2):
-            model.eager_decode_step(torch.full((rows,), BOS), state)
+            model.decode_step(torch.full((rows,), BOS), state)
     keep = torch.arange(rows).flip(0)
     state.reorder(keep)
     stored = [c.self_attn.held()[0] for c in state.caches]

@@ -1,4 +1,4 @@
-"""Tests for app.models.packed_linear: oneDNN-packed wide linears compute what nn.Linear computes, and
+"""Tests for app.acceleration.packed_linear: oneDNN-packed wide linears compute what nn.Linear computes, and
 step aside (plain ``F.linear``, bit for bit) wherever they do not apply."""
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ import torch
 import torch.nn.functional as F
 from helpers.batches import random_sources
 
+from app.acceleration.compiled_step import compile_available, compile_decoding
+from app.acceleration.packed_linear import (
+    MIN_WEIGHTS,
+    NARROW_MIN_ROWS,
+    onednn_linear_available,
+    pack_wide_linears,
+)
 from app.decoding import beam_search, greedy_search, output_limits
 from app.inference.engine import SearchSettings
 from app.inference.translator import Translator, load_translator
 from app.models import Transformer
-from app.models.compiled_step import compile_available, compile_decoding
-from app.models.packed_linear import MIN_WEIGHTS, NARROW_MIN_ROWS, onednn_linear_available, pack_wide_linears
 
 pytestmark = [
     pytest.mark.usefixtures("single_torch_thread"),

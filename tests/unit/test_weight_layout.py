@@ -1,4 +1,4 @@
-"""Tests for app.models.weight_layout: column-major Linear weights change the layout, never the model."""
+"""Tests for app.acceleration.weight_layout: column-major Linear weights change the layout, never the model."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 from helpers.batches import random_sources
 from helpers.rnn import tiny_rnn
 
+from app.acceleration.weight_layout import is_column_major, store_column_major
 from app.checkpoint import load_model
 from app.decoding import beam_search, greedy_search, output_limits
 from app.inference.engine import SearchSettings
 from app.inference.translator import Translator, load_translator
 from app.models import Transformer
 from app.models.seq2seq import Seq2Seq
-from app.models.weight_layout import is_column_major, store_column_major
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

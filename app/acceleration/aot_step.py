@@ -8,7 +8,7 @@ the graph). ``torch.export`` traces the same step function once, with the source
 length T symbolic, AOTInductor compiles it into a shared library with the weights inside, and a call is
 then the library's C++ run of the graph, checking only its inputs' sizes.
 
-What is compiled: :meth:`CompiledSteps.step <app.models.compiled_step.CompiledSteps.step>`, the function
+What is compiled: :meth:`CompiledSteps.step <app.acceleration.compiled_step.CompiledSteps.step>`, the function
 ``torch.compile`` compiles, for G rows per sentence (1 greedy, K with beam K, up to :data:`MAX_ROWS`): one
 package per G for one sentence (batch 1), and one per G for several with the sentence count B symbolic (2 to
 :data:`MAX_SENTENCES`: a batch of 64, and the batch as its sentences finish). The caches must be ones the
@@ -16,7 +16,8 @@ compiled path can hand over plainly: no sliding window (its cache trims itself b
 cross-attention keys (Linformer's mask); a source of 2 tokens or more; from the second step on (T >= 1: the
 cache length is exported size-oblivious, so a cache of one position does not specialize it). The first
 step, which fills the cross-attention caches, and the encoder have packages of their own
-(:mod:`app.models.aot_start`); anything else returns None and goes on to the ``torch.compile``d or eager step.
+(:mod:`app.acceleration.aot_start`); anything else returns None and goes on to the ``torch.compile``d or
+eager step.
 The self-attention caches come in as stored, with the reorder beam search holds back
 (:meth:`KVCache.held <app.attention.cache.KVCache.held>`) as row indices, and the package gathers the kept
 rows straight into the grown cache: one copy of the caches a step, where gathering first and then appending
@@ -24,7 +25,7 @@ made two (beam 5 at batch 64: 1.045x). Packages of two rows or more are built wi
 their products run through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`), where the
 ``torch.compile``d step's did not beat the eager engine's packed products above 64 rows (so it stops there). A
 package is needed at the first step that fits it: exported (~1 s), then found in the package cache of
-:mod:`app.models.aot_cache` (kept across processes, named by a digest of the program and its weights) or
+:mod:`app.acceleration.aot_cache` (kept across processes, named by a digest of the program and its weights) or
 compiled into it (~13-25 s on 2 CPU cores); the time is reported with the compile time. Fallback: an export or
 compile error is warned about once and the steps of that shape (one sentence or several, rows per sentence)
 stay on the other path; the other shapes' packages go on.
@@ -32,24 +33,17 @@ stay on the other path; the other shapes' packages go on.
 
 from __future__ import annotations
 
-import gc
-import time
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+from torch.export import Dim
 
-from app.models.aot_cache import PackageStore
-from app.models.aot_start import AotStart
-from app.models.compiled_step import CacheTensors, describe_failure
-
-if TYPE_CHECKING:
-    from app.models.compiled_step import CompiledSteps
-
+from app.acceleration.aot_package import MAX_SENTENCES, FlatRunner, Packager
+from app.acceleration.step import CacheTensors, decode_cached, describe_failure
+from app.models.transformer import TransformerState
 
 MAX_ROWS = 16  # the largest beam compiled ahead of time (one package per row count)
-MAX_SENTENCES = 4096  # the most sentences a batch may hold for the packages of several
 # From this many rows the package is built with inductor's freezing: the weights become constants and its
 # products go through oneDNN over weights packed at build, as the eager engine's wide linears do from 2
 # rows. Beam 5 at batch 1: 74.4 -> 49.6 ms a sentence; at one row MKL's product stays faster (greedy 35.1
@@ -63,10 +57,10 @@ class ExportedStep(nn.Module):
     then each layer's self keys, self values as stored (R, Hkv, T, Dh), cross keys, cross values (B or
     B*G, Hkv, S, Dh: shared by a sentence's beams, or one copy each)."""
 
-    def __init__(self, steps: CompiledSteps, layers: int, group: int) -> None:
+    def __init__(self, model: nn.Module, layers: int, group: int) -> None:
         super().__init__()
-        self.steps, self.layers, self.group = steps, layers, group
-        self.model = steps.model  # a submodule: export lifts its weights into the program
+        self.layers, self.group = layers, group
+        self.model = model  # a submodule: export lifts its weights into the program
 
     def forward(
         self, tokens: Tensor, rows: Tensor, memory: Tensor, memory_mask: Tensor, *caches: Tensor
@@ -84,7 +78,9 @@ class ExportedStep(nn.Module):
             windows=(None,) * n,
         )
         step = caches[0].size(2)  # T positions decoded so far (no window: the step number)
-        log_probs, self_k, self_v = self.steps.step(tokens, step, memory, memory_mask, self.group, tensors)
+        log_probs, self_k, self_v = decode_cached(
+            self.model, tokens, step, memory, memory_mask, self.group, tensors
+        )
         return (log_probs, *self_k, *self_v)
 
 
@@ -105,64 +101,16 @@ def standard_strides(tensor: Tensor) -> Tensor:
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
-def settle_long_lived_objects() -> None:
-    """Collect once, then freeze what is left, so later full collections skip it.
-
-    Exporting imports and builds ~250k long-lived Python objects (FX, sympy, inductor), doubling what each
-    full collection of the cycle collector traverses (96 -> 223 ms, beam 5 process); one such collection
-    falling inside a batch cost 8% of it (2.65 -> 2.91 s, 256 sentences). Frozen objects are still freed
-    when their reference count drops; only cycles among them are no longer collected.
-    """
-    gc.collect()
-    gc.freeze()
-
-
-class FlatRunner:
-    """A loaded package called with its flat input tensors straight into its C++ runner.
-
-    The package's own ``__call__`` parses its input and output tree specs from JSON, flattens the arguments
-    and rebuilds the outputs on every call: ~100-150 us, a tenth of a batch-1 step. The modules exported
-    here take and return flat tensors only, so the runner's list of outputs is already the result.
-    """
-
-    def __init__(self, package) -> None:
-        self.package = package
-        self.run = getattr(getattr(package, "loader", None), "boxed_run", None)  # None: a torch without it
-
-    def __call__(self, *tensors: Tensor) -> list[Tensor] | tuple[Tensor, ...]:
-        if self.run is None:
-            return self.package(*tensors)
-        return self.run(list(tensors))
-
-
 class AotSteps:
     """Decoding steps through AOTInductor packages of :class:`ExportedStep` (see the module doc)."""
 
-    def __init__(self, steps: CompiledSteps) -> None:
-        self.steps = steps
+    def __init__(self, model: nn.Module, packager: Packager) -> None:
+        self.model, self.packager = model, packager  # a Transformer; the export, cache and seconds
         self.runners: dict[tuple[bool, int, int], FlatRunner] = {}  # see build's key -> loaded package
         self.failure: str | None = None  # the first build that failed, why (for the compile report)
         self.failed: set[tuple[bool, int, int]] = set()  # keys (see build) whose package failed: not retried
-        self.seconds = 0.0  # export + compile (or find) + load, all packages
-        self._store: PackageStore | None = None  # made at the first package
-        self.start = AotStart(self)  # the encoder and the first step, packaged too
 
-    @property
-    def packages(self) -> int:
-        """Packages loaded so far: steps, encoder and first step."""
-        return len(self.runners) + len(self.start.runners)
-
-    @property
-    def failure_report(self) -> str | None:
-        """Why steps (or the encoder, or the first step) stay on the other path, or None."""
-        return self.failure or next(iter(self.start.failures.values()), None)
-
-    @property
-    def cache_hits(self) -> int:
-        """Packages found already built in the package cache rather than compiled."""
-        return 0 if self._store is None else self._store.hits
-
-    def fits(self, tokens: Tensor, state, tensors: CacheTensors) -> bool:
+    def fits(self, tokens: Tensor, state: TransformerState, tensors: CacheTensors) -> bool:
         """Whether a package computes this step: G <= MAX_ROWS rows per sentence, float32, plain caches,
         1 <= T < max positions, S >= 2."""
         length, sentences = tensors.self_k[0].size(2), state.memory.size(0)
@@ -177,16 +125,13 @@ class AotSteps:
             and all(window is None for window in tensors.windows)
             and all(mask is None for mask in tensors.cross_mask)
             and state.step == length >= 1
-            and length < self.steps.model.max_positions
+            and length < self.model.max_positions
             and state.memory.size(1) >= 2
         )
 
-    def __call__(self, tokens: Tensor, state) -> Tensor | None:
-        """Log-probabilities (B*G, V) after ``tokens`` (B*G,), updating ``state``; None where it does not
-        fit."""
-        tensors = CacheTensors.read(state.caches, held=True)
-        if tensors is None:  # the first step
-            return self.start.first_step(tokens, state)
+    def __call__(self, tokens: Tensor, state: TransformerState, tensors: CacheTensors) -> Tensor | None:
+        """Log-probabilities (B*G, V) after ``tokens`` (B*G,), updating ``state`` (whose caches read as
+        ``tensors``, reorders held back); None where no package fits."""
         if not self.fits(tokens, state, tensors):
             return None
         sentences = state.memory.size(0)
@@ -216,14 +161,17 @@ class AotSteps:
         return log_probs
 
     def build(
-        self, tokens: Tensor, rows: Tensor, state, caches: tuple[Tensor, ...], key: tuple[bool, int, int]
-    ):
+        self,
+        tokens: Tensor,
+        rows: Tensor,
+        state: TransformerState,
+        caches: tuple[Tensor, ...],
+        key: tuple[bool, int, int],
+    ) -> FlatRunner:
         """Export the step with S and T symbolic (and the sentence count B, for several), compile it with
         AOTInductor, load it. ``key``: (several sentences, rows G per sentence, cross-attention rows C per
         sentence)."""
-        from torch.export import Dim
-
-        model = self.steps.model
+        model = self.model
         several, group, cross = key
         source = Dim("source", min=2, max=model.max_positions)
         cached = Dim("cached", min=1, max=model.max_positions - 1)  # one more position must fit
@@ -241,33 +189,4 @@ class AotSteps:
         args = (tokens, rows, state.memory, state.memory_mask, *caches)
         name = f"step_{'b' if several else '1'}x{group}x{cross}"
         frozen = several or group >= FROZEN_FROM_ROWS
-        return self.package(ExportedStep(self.steps, layers, group), args, shapes, name, frozen=frozen)
-
-    def package(self, module: nn.Module, args: tuple, shapes: tuple, name: str, *, frozen: bool):
-        """``module`` exported over ``args`` with the symbolic sizes ``shapes``, compiled with AOTInductor
-        (``frozen``: with inductor's freezing) or found built in the package cache, and loaded; the time it
-        took is added to :attr:`seconds`."""
-        started = time.perf_counter()
-        # A size of one (a cache of one position, at step 1) stays symbolic instead of specialized to it
-        size_oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
-        with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
-            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
-            # One eager call first: kernels draw their fixed random tensors at first use (LSH's rotations,
-            # FAVOR's features, from a seeded generator), which a package cannot do; drawn, they are constants
-            module(*args)
-            program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
-            if self._store is None:
-                self._store = PackageStore()
-            try:
-                package = self._store.load_or_build(program, name, {"freezing": frozen})
-            except Exception:
-                if not frozen:
-                    raise
-                # Inductor's freezing fails on some graphs that compile without it (the FAVOR encoder of
-                # several sentences: its lifted random features); unfrozen, the products stay MKL's
-                package = self._store.load_or_build(program, name, {"freezing": False})
-            runner = FlatRunner(package)
-        del program
-        settle_long_lived_objects()
-        self.seconds += time.perf_counter() - started
-        return runner
+        return self.packager.package(ExportedStep(model, layers, group), args, shapes, name, frozen=frozen)

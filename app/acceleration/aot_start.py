@@ -1,5 +1,5 @@
 """The encoder and the first decoding step compiled ahead of time with AOTInductor, for the CPU: the start
-of a translation, before the later steps of :mod:`app.models.aot_step` take over.
+of a translation, before the later steps of :mod:`app.acceleration.aot_step` take over.
 
 Why: at batch 1 with greedy search the later steps ran as packages and about a quarter of a sentence's time
 stayed eager: the encoder (~2.3 ms, quickstart model) and the first step (~3.7 ms: it computes every layer's
@@ -8,7 +8,7 @@ sentence 1.12x faster (in-process A/B, 60 test sentences, 7 alternating rounds, 
 beam 5 and batch 64 they are a small part of the time: 305 -> 290 ms for 256 sentences.
 
 What is compiled, with the source length S symbolic, one package for one sentence and one for several
-(the sentence count B symbolic, 2 to :data:`~app.models.aot_step.MAX_SENTENCES`):
+(the sentence count B symbolic, 2 to :data:`~app.acceleration.aot_step.MAX_SENTENCES`):
 
 - the encoder. For several sentences the positions of the real tokens are found before the package (their
   count depends on the data, which a program exported once cannot follow) and handed to it, so its
@@ -25,18 +25,17 @@ the other part and the later steps' packages go on.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+from torch.export import Dim
 
+from app.acceleration.aot_package import MAX_SENTENCES, FlatRunner, Packager
+from app.acceleration.step import describe_failure
 from app.attention import padding_mask
 from app.attention.packing import PackedRows
-from app.models.compiled_step import describe_failure
 from app.models.seq2seq import EncoderOutput
-
-if TYPE_CHECKING:
-    from app.models.aot_step import AotSteps, FlatRunner
+from app.models.transformer import DecoderLayer, LayerCache, TransformerState
 
 ENCODER, FIRST_STEP = "encoder", "first step"
 
@@ -70,7 +69,7 @@ class ExportedFirstStep(nn.Module):
 
     def forward(self, tokens: Tensor, memory: Tensor, memory_mask: Tensor) -> tuple[Tensor, ...]:
         state = self.model.start_decoding(EncoderOutput(memory=memory, mask=memory_mask))
-        log_probs = self.model.eager_decode_step(tokens, state)
+        log_probs = self.model.decode_step(tokens, state)
         caches = state.caches
         return (
             log_probs,
@@ -82,17 +81,12 @@ class ExportedFirstStep(nn.Module):
 
 
 class AotStart:
-    """The encoder and the first step through AOTInductor packages (see the module doc), built and kept
-    by ``ahead`` (its package cache, and its seconds, which count these packages' time too)."""
+    """The encoder and the first step through AOTInductor packages (see the module doc)."""
 
-    def __init__(self, ahead: AotSteps) -> None:
-        self.ahead = ahead
+    def __init__(self, model: nn.Module, packager: Packager) -> None:
+        self.model, self.packager = model, packager  # a Transformer; the export, cache and seconds
         self.runners: dict[tuple[str, bool], FlatRunner] = {}  # (part, several sentences) -> loaded package
         self.failures: dict[str, str] = {}  # part -> why it stays eager
-
-    @property
-    def model(self) -> nn.Module:
-        return self.ahead.steps.model
 
     def encode(self, src: Tensor) -> EncoderOutput | None:
         """The encoder's output for ``src`` (B, S) through a package; None where it does not fit."""
@@ -108,7 +102,7 @@ class AotStart:
         memory, mask = runner(*args)
         return EncoderOutput(memory=memory, mask=mask)
 
-    def first_step(self, tokens: Tensor, state) -> Tensor | None:
+    def first_step(self, tokens: Tensor, state: TransformerState) -> Tensor | None:
         """Log-probabilities (B, V) of the first step after ``tokens`` (B,), filling ``state``'s caches;
         None where it does not fit."""
         memory = state.memory
@@ -136,8 +130,6 @@ class AotStart:
 
     def fits(self, sentences: int, length: int, device: torch.device) -> bool:
         """Whether a batch of ``sentences`` sources of ``length`` positions fits a package."""
-        from app.models.aot_step import MAX_SENTENCES
-
         return (
             device.type == "cpu"
             and sentences <= MAX_SENTENCES
@@ -146,7 +138,7 @@ class AotStart:
             and next(self.model.parameters()).dtype == torch.float32
         )
 
-    def runner(self, part: str, several: bool, args: tuple[Tensor, ...]):
+    def runner(self, part: str, several: bool, args: tuple[Tensor, ...]) -> FlatRunner | None:
         """The loaded package of ``part`` (built at its first call), or None after a failure (warned)."""
         if (runner := self.runners.get((part, several))) is not None:
             return runner
@@ -154,7 +146,7 @@ class AotStart:
         name = f"{part.replace(' ', '_')}_{'b' if several else '1'}"
         frozen = several or part == ENCODER  # the one-row first step: MKL's product beats oneDNN's packed one
         try:
-            runner = self.ahead.package(module, args, shapes, name, frozen=frozen)
+            runner = self.packager.package(module, args, shapes, name, frozen=frozen)
         except Exception as error:
             self.failures[part] = describe_failure(error)
             warnings.warn(f"the {part} not compiled ahead of time ({self.failures[part]})", stacklevel=4)
@@ -165,10 +157,6 @@ class AotStart:
     def exported(self, part: str, several: bool, inputs: int) -> tuple[nn.Module, tuple]:
         """The module that computes ``part`` and the symbolic sizes of its first ``inputs`` inputs: the source
         length, and the sentence count for ``several``."""
-        from torch.export import Dim
-
-        from app.models.aot_step import MAX_SENTENCES
-
         source = Dim("source", min=2, max=self.model.max_positions)
         batch = {0: Dim("sentences", min=2, max=MAX_SENTENCES)} if several else {}
         if part == ENCODER:
@@ -177,7 +165,7 @@ class AotStart:
         return ExportedFirstStep(self.model), (batch, {**batch, 1: source}, {**batch, 1: source})
 
 
-def plain_and_empty(layer: nn.Module, cache) -> bool:
+def plain_and_empty(layer: DecoderLayer, cache: LayerCache) -> bool:
     """Whether a decoder layer's caches are still empty and of the kind the packages take plainly."""
     self_kernel, cross_kernel = layer.self_attn.kernel, layer.cross_attn.kernel
     return (

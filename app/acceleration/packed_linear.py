@@ -3,7 +3,7 @@
 Why: a decoding step multiplies a few rows (one per sentence, or per beam) by every weight of the decoder.
 For the wide linears (the feed-forward pair and the output layer) oneDNN's matrix product over a weight
 reordered once into its own blocked layout beat MKL's over the column-major weight
-(:mod:`app.models.weight_layout`) on the CPUs measured here, from 2 rows up: the output layer of the
+(:mod:`app.acceleration.weight_layout`) on the CPUs measured here, from 2 rows up: the output layer of the
 quickstart model (256 -> 8,000) 1.9-2.6x at 2-8 rows, 1.45x at 34, 1.14-1.18x at 212-320; the feed-forward
 pair 1.1-1.7x. (CTranslate2 uses oneDNN's SGEMM on these CPUs.) At one row, and for the narrow d x d
 projections below ~128 rows, MKL was as fast or faster, so those keep it (``python
