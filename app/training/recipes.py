@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from hydra.errors import OverrideParseException
 from app.hardware import FAST_BF16_FLAGS, has_fast_matmul, matmul_peak_tflops
 from app.io import atomic_write
 from app.rundir import RunDir
-from app.training.sweep import child_command
+from app.training.train_process import run_train_process, single_run_command
 
 BF16_RECIPE = "quickstart"  # conf/experiment/quickstart.yaml: transformer_small, precision auto (bf16)
 FP32_RECIPE = "quickstart_fp32"  # conf/experiment/quickstart_fp32.yaml: transformer_tiny, 32-true
@@ -160,7 +159,7 @@ def split_run_dir(overrides: list[str]) -> tuple[Path, list[str]]:
 
 def train_command(choice: RecipeChoice, overrides: list[str], run_dir: Path) -> list[str]:
     """``train.py experiment=<choice> <overrides> hydra.run.dir=<run_dir>`` as a command line."""
-    return child_command([f"experiment={choice.experiment}", *overrides], run_dir)
+    return single_run_command([f"experiment={choice.experiment}", *overrides], run_dir)
 
 
 def write_choice(choice: RecipeChoice, run_dir: Path) -> Path:
@@ -177,9 +176,4 @@ def run_training(command: list[str]) -> int:
 
     A Ctrl-C reaches the child too (same process group): it is waited for, so that it can stop cleanly.
     """
-    with subprocess.Popen(command) as child:
-        try:
-            returncode = child.wait()
-        except KeyboardInterrupt:
-            returncode = child.wait()
-    return returncode if returncode >= 0 else 128 - returncode
+    return run_train_process(command).shell_status
