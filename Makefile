@@ -63,15 +63,19 @@ bench-train: install  ## training tokens/s and peak memory of the quickstart con
 
 # Where an ablation sweep writes (fixed once per make call, so both multiruns of ablation-gpu share it).
 SWEEP := $(or $(SWEEP),multirun/ablation/$(shell date +%Y-%m-%d_%H-%M-%S))
+# Sweep (a) is two multiruns into one SWEEP, the report written by the second: a failed job of the first
+# (train.py -m exits non-zero) still lets the second run and report, and then fails the target.
 ablation-gpu: data  ## sweep (a): 6 Transformer attention variants x 3 seeds on one GPU, one report in SWEEP
 	$(PY) train.py -m experiment=ablation_gpu attention=eager heads=mha,gqa,mqa seed=1,2,3 \
-		hydra.sweep.dir=$(SWEEP) '~hydra.callbacks.ablation_report'
-	$(PY) train.py -m experiment=ablation_gpu attention=flash,sparse,linear seed=1,2,3 hydra.sweep.dir=$(SWEEP)
+		hydra.sweep.dir=$(SWEEP) '~hydra.callbacks.ablation_report'; first=$$?; \
+	$(PY) train.py -m experiment=ablation_gpu attention=flash,sparse,linear seed=1,2,3 hydra.sweep.dir=$(SWEEP) \
+		&& exit $$first
 
 ablation-cpu: data  ## sweep (a) on a CPU: the same 6 variants x 3 seeds, 4 min each, one at a time
 	$(PY) train.py -m experiment=ablation_cpu attention=eager heads=mha,gqa,mqa seed=1,2,3 \
-		hydra.sweep.dir=$(SWEEP) '~hydra.callbacks.ablation_report'
-	$(PY) train.py -m experiment=ablation_cpu attention=flash,sparse,linear seed=1,2,3 hydra.sweep.dir=$(SWEEP)
+		hydra.sweep.dir=$(SWEEP) '~hydra.callbacks.ablation_report'; first=$$?; \
+	$(PY) train.py -m experiment=ablation_cpu attention=flash,sparse,linear seed=1,2,3 hydra.sweep.dir=$(SWEEP) \
+		&& exit $$first
 
 ablation-length: data  ## sweep (c): 7 attention choices x input lengths (data.concat) x 3 seeds, 10 min each, resumable
 	$(PY) train.py -m experiment=ablation_length attention=eager,sdpa,sparse,linear,linformer,lsh,long_mix \

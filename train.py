@@ -1,7 +1,8 @@
 """Train a translation model: ``python train.py experiment=quickstart`` (see conf/train.yaml).
 
 In a sweep (``python train.py -m ...``) every job runs in a process of its own, and a failed job is
-recorded in its directory instead of ending the sweep (:mod:`app.training.sweep`).
+recorded in its directory instead of ending the sweep; when the sweep ends, the exit status is non-zero
+if any job failed, and the last line names them (:mod:`app.training.sweep`).
 """
 
 import logging
@@ -19,12 +20,14 @@ register_resolvers()  # before Hydra reads conf/train.yaml
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> int | None:
+    """A single run trains here; a sweep's job trains in a child process and returns its exit code
+    (Hydra keeps it in the job's return; the sweep's exit status comes from the jobs' FAILED files)."""
     logging.getLogger("app").setLevel(logging.INFO)
     if HydraConfig.get().mode == RunMode.MULTIRUN:
-        run_job_in_own_process()
-    else:
-        train(cfg)
+        return run_job_in_own_process()
+    train(cfg)
+    return None
 
 
 if __name__ == "__main__":

@@ -44,13 +44,34 @@ def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return bool(flags & FAST_BF16_FLAGS)
 
 
+def fast_bf16(device: str | torch.device = "cpu", cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """The one rule for "bf16 is fast here": ``device`` computes bf16 matrix products natively.
+
+    On a CPU: AVX512-BF16, AMX-BF16 or Arm BF16 in its flags (:func:`cpu_has_fast_bf16`). On a GPU: bf16
+    in hardware (compute capability 8.0 and up on NVIDIA); ``torch.cuda.is_bf16_supported()`` alone also
+    counts bf16 that an older GPU only emulates, slower than fp32. ``precision: auto``
+    (:func:`resolve_precision`) and ``make demo``'s recipe (:mod:`app.training.recipes`, which also
+    measures the speed-up its larger bf16 model needs) both decide here.
+    """
+    if torch.device(device).type == "cuda":
+        return cuda_has_native_bf16()
+    return cpu_has_fast_bf16(cpuinfo)
+
+
+def cuda_has_native_bf16() -> bool:
+    """True when the current GPU has bf16 in hardware, emulation not counted."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # a torch without the argument: native bf16 starts at compute capability 8.0
+        return torch.cuda.get_device_capability()[0] >= 8
+
+
 def resolve_precision(precision: str | int, accelerator: str = "auto") -> str | int:
-    """Turn ``auto`` into bf16-mixed where bf16 is fast (recent GPUs, bf16-capable CPUs), else 32-true."""
+    """Turn ``auto`` into bf16-mixed where bf16 is fast (:func:`fast_bf16`), else 32-true."""
     if precision != "auto":
         return precision
     on_gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
-    fast = torch.cuda.is_bf16_supported() if on_gpu else cpu_has_fast_bf16()
-    chosen = "bf16-mixed" if fast else "32-true"
+    chosen = "bf16-mixed" if fast_bf16("cuda" if on_gpu else "cpu") else "32-true"
     log.info("precision=auto -> %s (%s)", chosen, "GPU" if on_gpu else "CPU")
     return chosen
 
@@ -58,15 +79,9 @@ def resolve_precision(precision: str | int, accelerator: str = "auto") -> str | 
 def has_fast_matmul(
     dtype: torch.dtype, device: str | torch.device = "cpu", cpuinfo: Path = Path("/proc/cpuinfo")
 ) -> bool:
-    """False where ``dtype`` matrix products have no native path on ``device``: bf16 on a CPU without
-    AVX512-BF16 / AMX-BF16 / Arm BF16 (:func:`cpu_has_fast_bf16`), or on a GPU that only emulates it.
-    Every other dtype is taken to be fast (fp32 always is)."""
-    if dtype != torch.bfloat16:
-        return True
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    return cpu_has_fast_bf16(cpuinfo)
+    """False where ``dtype`` matrix products have no native path on ``device``: bf16 where
+    :func:`fast_bf16` says no. Every other dtype is taken to be fast (fp32 always is)."""
+    return dtype != torch.bfloat16 or fast_bf16(device, cpuinfo)
 
 
 def matmul_peak_tflops(

@@ -5,8 +5,8 @@
     python scripts/quickstart.py --recipe quickstart_fp32 hydra.run.dir=runs/qs   # no measuring
 
 A short bf16 and fp32 matrix-product measurement chooses ``experiment=quickstart`` (bf16, where the CPU
-has native bf16 that measures well above fp32, or a GPU) or ``experiment=quickstart_fp32``; then
-``train.py`` runs with that experiment and any other overrides given here, and its exit status is this
+has native bf16 that measures well above fp32, or a GPU with native bf16) or ``experiment=quickstart_fp32``;
+then ``train.py`` runs with that experiment and any other overrides given here, and its exit status is this
 script's. The choice, its reason and the measurements go to ``<run dir>/recipe.json`` first
 (library: :mod:`app.training.recipes`).
 """

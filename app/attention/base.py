@@ -61,6 +61,9 @@ class AttentionKernel(nn.Module):
     name: ClassVar[str] = ""  # the registered name, set by :func:`app.attention.registry.register_kernel`
     # Why a capability is missing, by KernelCapabilities field: shown when a site that needs it is refused.
     reasons: ClassVar[dict[str, str]] = {}
+    # The option that must cover the longest sequence the model accepts (linformer's ``max_len``): where
+    # the config leaves it out, at any site, it is the model's ``max_positions`` (config.site_specs).
+    length_option: ClassVar[str | None] = None
     # True when the kernel's keys are its queries (:meth:`shared_keys`, Reformer's shared-QK attention): the
     # layer then has no key projection. A setting of the kernel, so an instance attribute where it is set.
     shared_qk: bool = False

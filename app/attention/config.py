@@ -25,7 +25,13 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from app.attention.mechanisms import available_mechanisms, mechanism_class, mechanism_options
-from app.attention.registry import AttentionConfigError, available_kernels, build_kernel, kernel_options
+from app.attention.registry import (
+    AttentionConfigError,
+    available_kernels,
+    build_kernel,
+    kernel_class,
+    kernel_options,
+)
 
 SITES = ("encoder_self", "decoder_self", "cross")
 FAMILY_KEYS = {"transformer": "kernel", "rnn": "mechanism"}  # the key that marks each family's attention
@@ -74,8 +80,13 @@ def check_family(family: str, attention: Mapping[str, Any]) -> None:
 # --- Transformer ------------------------------------------------------------------------------------
 
 
-def site_specs(cfg: Mapping[str, Any]) -> dict[str, AttentionSpec]:
-    """Resolve a Transformer ``attention`` config into one spec per site, naming any unknown key."""
+def site_specs(cfg: Mapping[str, Any], *, max_positions: int | None = None) -> dict[str, AttentionSpec]:
+    """Resolve a Transformer ``attention`` config into one spec per site, naming any unknown key.
+
+    ``max_positions`` (the model's) sets each site's length option that the config leaves out
+    (:attr:`~app.attention.base.AttentionKernel.length_option`, linformer's ``max_len``), so a kernel
+    chosen for one site covers the model's longest sequence, as the group's own kernel does.
+    """
     check_family("transformer", cfg)
     cfg = dict(cfg)
     sites = dict(cfg.pop("sites", None) or {})
@@ -85,9 +96,18 @@ def site_specs(cfg: Mapping[str, Any]) -> dict[str, AttentionSpec]:
         raise AttentionConfigError(
             f"unknown attention site(s) {sorted(unknown)}; valid sites: {', '.join(SITES)}"
         )
-    return {
+    specs = {
         site: _merge(base, dict(sites.get(site) or {}), where=f"attention.sites.{site}") for site in SITES
     }
+    return {site: _with_length(spec, max_positions) for site, spec in specs.items()}
+
+
+def _with_length(spec: AttentionSpec, max_positions: int | None) -> AttentionSpec:
+    """``spec`` with its kernel's length option set to ``max_positions`` where the config gave none."""
+    option = kernel_class(spec.kernel).length_option
+    if max_positions is None or option is None or option in spec.options:
+        return spec
+    return replace(spec, options={**spec.options, option: max_positions})
 
 
 def _merge(spec: AttentionSpec, overrides: Mapping[str, Any], *, where: str) -> AttentionSpec:

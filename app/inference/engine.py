@@ -37,7 +37,9 @@ class SearchSettings:
     batch_size: int = 64  # sentences per search batch
     nbest: int = 1  # hypotheses per sentence: at most ``beam``, or any number of samples
     sampling: Sampling | None = None  # sample instead of searching (``beam`` is then ignored)
-    target_lang: str | None = None  # a multilingual model's output language (None: a bilingual model's own)
+    # The language to translate into: a multilingual model gets its tag before each source (TaggedEngine);
+    # None: a bilingual model's own. Not the scoring language (evaluate's moses_lang).
+    target_lang: str | None = None
 
     def __post_init__(self) -> None:
         if self.beam < 1 or self.batch_size < 1 or self.max_len < 1 or self.nbest < 1:

@@ -83,7 +83,7 @@ def evaluate(
     settings: SearchSettings,
     *,
     test_set: str = "test",
-    target_lang: str | None = None,
+    moses_lang: str | None = None,
     warmup: bool = False,
     on_truncate: Callable[[int, int], None] | None = None,
     separator: str | None = None,
@@ -93,7 +93,8 @@ def evaluate(
     The engine is loaded once by the caller (:func:`app.inference.engines.open_engine`), so a benchmark
     or a validation grid can time several settings without reloading. ``warmup`` first
     translates one batch untimed (allocator and kernel caches warm, as in a long-running server).
-    ``target_lang`` (an ISO code) adds the Moses-tokenized lowercased BLEU to the scores.
+    ``moses_lang`` (the references' language, an ISO code) adds the Moses-tokenized lowercased BLEU to
+    the scores; it is not ``settings.target_lang``, the language a multilingual model is asked for.
     ``separator`` (joined examples, ``data.concat``) scores the outputs with it removed and adds the
     sentence-level scores of the outputs that split like their references.
     Reference counts that differ from the source count raise ValueError before anything is translated.
@@ -105,9 +106,9 @@ def evaluate(
     hypotheses, seconds = timed_translation(engine, sources, settings, on_truncate)
     scores, split = None, None
     if references is not None and separator:
-        scores, split = joined_scores(hypotheses, references, separator, target_lang)
+        scores, split = joined_scores(hypotheses, references, separator, moses_lang)
     elif references is not None:
-        scores = corpus_scores(hypotheses, references, target_lang)
+        scores = corpus_scores(hypotheses, references, moses_lang)
     return Evaluation(
         checkpoint=engine.source,
         test_set=test_set,

@@ -35,9 +35,9 @@ class Scores:
         }
 
 
-def corpus_scores(hypotheses: list[str], references: list[str], lang: str | None = None) -> Scores:
-    """Score detokenized hypotheses against one reference each; ``lang`` (the target language's ISO
-    code) adds the Moses-tokenized lowercased BLEU."""
+def corpus_scores(hypotheses: list[str], references: list[str], moses_lang: str | None = None) -> Scores:
+    """Score detokenized hypotheses against one reference each; ``moses_lang`` (the references' language,
+    an ISO code) adds the Moses-tokenized lowercased BLEU."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     refs = [references]
@@ -48,7 +48,7 @@ def corpus_scores(hypotheses: list[str], references: list[str], lang: str | None
         bleu_lc=BLEU(lowercase=True).corpus_score(hypotheses, refs).score,
         chrf=CHRF().corpus_score(hypotheses, refs).score,
         signature=str(bleu.get_signature()),
-        bleu_moses_lc=moses_bleu_lc(hypotheses, references, lang) if lang else None,
+        bleu_moses_lc=moses_bleu_lc(hypotheses, references, moses_lang) if moses_lang else None,
     )
 
 
@@ -72,14 +72,14 @@ class SplitScores:
 
 
 def joined_scores(
-    hypotheses: list[str], references: list[str], separator: str, lang: str | None = None
+    hypotheses: list[str], references: list[str], separator: str, moses_lang: str | None = None
 ) -> tuple[Scores, SplitScores]:
     """Scores of joined examples: the whole outputs with the separators removed (so matching them earns
     nothing), and sentence-level scores where an output splits like its reference."""
     whole = corpus_scores(
         [" ".join(split_at_separator(h, separator)) for h in hypotheses],
         [" ".join(split_at_separator(r, separator)) for r in references],
-        lang,
+        moses_lang,
     )
     hyps: list[str] = []
     refs: list[str] = []
@@ -93,7 +93,7 @@ def joined_scores(
             hyps += hyp_parts
             refs += ref_parts
             matched += 1
-    sentence = corpus_scores(hyps, refs, lang) if hyps else None
+    sentence = corpus_scores(hyps, refs, moses_lang) if hyps else None
     return whole, SplitScores(len(hypotheses), matched, len(hyps), sentence)
 
 

@@ -121,7 +121,7 @@ def choose_and_score(
         test.tgt,
         settings,
         test_set=data.get("test_name", "test"),
-        target_lang=None if multilingual else data.get("tgt_lang"),  # per direction: score_run
+        moses_lang=None if multilingual else data.get("tgt_lang"),  # per direction: score_run
         separator=SEPARATOR if data.get("concat", 1) > 1 else None,
     )
     return evaluation, selection

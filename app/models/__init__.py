@@ -23,7 +23,7 @@ def _build_transformer(
         src_vocab_size=src_vocab_size,
         tgt_vocab_size=tgt_vocab_size,
         pad_id=pad_id,
-        attention=site_specs(attention),
+        attention=site_specs(attention, max_positions=options.get("max_positions")),
         **options,
     )
 

@@ -6,9 +6,12 @@ as a child process (:func:`split_run_dir`, :func:`train_command`, :func:`run_tra
 its reason and the numbers behind it go to ``<run dir>/recipe.json`` before training starts
 (:func:`write_choice`).
 
-- On a GPU: ``quickstart``; its ``trainer.precision=auto`` takes bf16 where the GPU supports it.
-- On a CPU with native bf16 matrix instructions (:func:`app.hardware.has_fast_matmul`) whose measured bf16
-  product runs at least :data:`MIN_BF16_SPEEDUP` times the fp32 one: ``quickstart``.
+Whether bf16 is native here is :func:`app.hardware.fast_bf16`'s answer, the rule ``precision=auto`` follows
+too; on a CPU, a measured speed-up must back it, because the bf16 recipe's model is larger:
+
+- On a GPU with native bf16: ``quickstart`` (its ``trainer.precision=auto`` resolves to bf16-mixed).
+- On a CPU with native bf16 whose measured bf16 product runs at least :data:`MIN_BF16_SPEEDUP` times the
+  fp32 one: ``quickstart``.
 - Otherwise (no native bf16, or too small a measured gain): ``quickstart_fp32``, a smaller model at fp32.
 """
 
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,10 +26,10 @@ import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
-from app.hardware import FAST_BF16_FLAGS, has_fast_matmul, matmul_peak_tflops
+from app.hardware import FAST_BF16_FLAGS, fast_bf16, matmul_peak_tflops
 from app.io import atomic_write
 from app.rundir import RunDir
-from app.training.sweep import child_command
+from app.training.train_process import run_train_process, single_run_command
 
 BF16_RECIPE = "quickstart"  # conf/experiment/quickstart.yaml: transformer_small, precision auto (bf16)
 FP32_RECIPE = "quickstart_fp32"  # conf/experiment/quickstart_fp32.yaml: transformer_tiny, 32-true
@@ -83,14 +85,14 @@ def measure_matmul(size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> Matmul
         return MatmulPeaks(
             device=torch.cuda.get_device_name(),
             on_gpu=True,
-            fast_bf16=has_fast_matmul(torch.bfloat16, "cuda"),
+            fast_bf16=fast_bf16("cuda"),
             bf16_tflops=None,
             fp32_tflops=None,
         )
     return MatmulPeaks(
         device="cpu",
         on_gpu=False,
-        fast_bf16=has_fast_matmul(torch.bfloat16, "cpu"),
+        fast_bf16=fast_bf16("cpu"),
         bf16_tflops=matmul_peak_tflops(torch.bfloat16, size=size, repeats=repeats),
         fp32_tflops=matmul_peak_tflops(torch.float32, size=size, repeats=repeats),
     )
@@ -99,8 +101,10 @@ def measure_matmul(size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> Matmul
 def choose_recipe(peaks: MatmulPeaks, min_speedup: float = MIN_BF16_SPEEDUP) -> RecipeChoice:
     """The quickstart recipe for a machine measured as ``peaks``, with a reason that shows the numbers."""
     if peaks.on_gpu:
-        why = f"GPU {peaks.device}: precision=auto picks bf16 where it is supported"
-        return _chosen(BF16_RECIPE, why, peaks)
+        native = "native bf16: precision=auto picks bf16" if peaks.fast_bf16 else "bf16 only emulated"
+        return _chosen(
+            BF16_RECIPE if peaks.fast_bf16 else FP32_RECIPE, f"GPU {peaks.device}, {native}", peaks
+        )
     fp32 = _tflops(peaks.fp32_tflops)
     if not peaks.fast_bf16 or peaks.bf16_tflops is None:
         flags = ", ".join(sorted(FAST_BF16_FLAGS))
@@ -160,7 +164,7 @@ def split_run_dir(overrides: list[str]) -> tuple[Path, list[str]]:
 
 def train_command(choice: RecipeChoice, overrides: list[str], run_dir: Path) -> list[str]:
     """``train.py experiment=<choice> <overrides> hydra.run.dir=<run_dir>`` as a command line."""
-    return child_command([f"experiment={choice.experiment}", *overrides], run_dir)
+    return single_run_command([f"experiment={choice.experiment}", *overrides], run_dir)
 
 
 def write_choice(choice: RecipeChoice, run_dir: Path) -> Path:
@@ -177,9 +181,4 @@ def run_training(command: list[str]) -> int:
 
     A Ctrl-C reaches the child too (same process group): it is waited for, so that it can stop cleanly.
     """
-    with subprocess.Popen(command) as child:
-        try:
-            returncode = child.wait()
-        except KeyboardInterrupt:
-            returncode = child.wait()
-    return returncode if returncode >= 0 else 128 - returncode
+    return run_train_process(command).shell_status

@@ -124,7 +124,7 @@ def test_a_fine_tune_sweep_starts_each_job_from_the_scratch_job_and_reports_apar
     job = f"hydra.run.dir='{scratch}/attention=eager,data.concat=1,seed=1'"  # quoted: '=' and ','
     run_train(["experiment=ablation_length", *fixed, "attention=eager", "data.concat=1", "seed=1", job])
     exclude = ["experiment", "resume", "hydra.sweep.dir", "from_sweep", *(o.split("=", 1)[0] for o in fixed)]
-    run_train(
+    done = run_train(
         [
             "-m",
             FINETUNE,
@@ -137,7 +137,10 @@ def test_a_fine_tune_sweep_starts_each_job_from_the_scratch_job_and_reports_apar
             "seed=1",
         ],
         timeout=600,
+        check=False,
     )
+    assert done.returncode == 1  # the sdpa job failed: the sweep went on, then said so on its last line
+    assert done.stderr.strip().splitlines()[-1].endswith(": attention=sdpa,data.concat=2,seed=1")
     eager = finetune / "attention=eager,data.concat=2,seed=1"
     assert json.loads((eager / "results.json").read_text())["global_step"] == 3
     assert (

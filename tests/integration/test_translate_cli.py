@@ -329,6 +329,9 @@ def test_evaluate_scores_and_times_the_translations(checkpoint: Path, translator
     results = evaluation.results(prefix="test_")
     assert results["test_set"] == "mine" and results["beam"] == 1 and results["test_decode_threads"] == 1
     assert results["test_decode_sentences_per_s"] > 0 and "tok:13a" in results["test_signature"]
+    assert evaluation.scores.bleu_moses_lc is None  # no moses_lang: no Moses-tokenized BLEU
+    moses = evaluate(translator, sources, expected, settings, moses_lang="en").scores
+    assert moses is not None and moses.bleu_moses_lc == pytest.approx(100.0)
     assert evaluate(translator, sources, None, settings).scores is None  # speed only
 
 

@@ -1,5 +1,6 @@
 """The ablation as one command, for real: ``train.py -m experiment=ablation`` trains every job (one of
-them failing at build time), and the sweep's end writes the report that names the failed job."""
+them failing at build time), the sweep's end writes the report that names the failed job, and then the
+sweep exits non-zero naming it too."""
 
 from __future__ import annotations
 
@@ -39,7 +40,14 @@ def test_one_command_sweep_reports_finished_and_failed_jobs(multi30k_dir: Path, 
         "heads.num_kv_heads=null,3",  # 3 does not divide model.num_heads=4: those jobs fail when built
         "seed=1,2",
     ]
-    run_train(overrides, timeout=600)  # exits 0 although jobs failed: the sweep went on
+    done = run_train(overrides, timeout=600, check=False)
+    assert done.returncode == 1, done.stderr[-4000:]  # the sweep went on, then said that jobs failed
+    failed_names = [
+        f"attention={kernel},heads.num_kv_heads=3,seed={seed}"
+        for kernel in ("eager", "sdpa")
+        for seed in (1, 2)
+    ]
+    assert done.stderr.strip().splitlines()[-1].endswith(": " + ", ".join(failed_names))
 
     for name in ("report.md", "report.html", "report.csv", "report.json", "group1_curves.png"):
         assert (sweep / name).is_file(), name
@@ -54,11 +62,7 @@ def test_one_command_sweep_reports_finished_and_failed_jobs(multi30k_dir: Path, 
     assert rows["eager"]["p_value"] == "" and rows["sdpa"]["p_value"] != ""  # eager is the baseline
 
     failed = json.loads((sweep / "report.json").read_text())["incomplete"]
-    assert sorted(Path(job["path"]).name for job in failed) == [
-        f"attention={kernel},heads.num_kv_heads=3,seed={seed}"
-        for kernel in ("eager", "sdpa")
-        for seed in (1, 2)
-    ]
+    assert sorted(Path(job["path"]).name for job in failed) == failed_names
     assert {job["status"] for job in failed} == {"failed"}
     markdown = (sweep / "report.md").read_text()
     assert (

@@ -212,3 +212,23 @@ def test_unshared_projections_give_each_kv_head_its_own_rows() -> None:
     k = torch.randn(1, 1, 6, 8).expand(1, 2, -1, -1)  # both kv heads hold the same keys
     rows, _, _ = layer.kernel.reduce(k, k, None)
     assert not torch.allclose(rows[0, 0], rows[0, 1])  # yet their projections differ
+
+
+def test_a_linformer_chosen_for_one_site_covers_model_max_positions() -> None:
+    """A kernel switched at one site starts without the group's options, so a per-site linformer used to get
+    its constructor's max_len of 256: a 280-token source then failed in a model of max_positions 300."""
+    attention = {"kernel": "eager", "sites": {"cross": {"kernel": "linformer", "k": 4}}}
+    model = build_model(
+        {**TINY, "max_positions": 300}, attention, src_vocab_size=20, tgt_vocab_size=20, pad_id=0
+    ).eval()
+    kernel = model.decoder[0].cross_attn.kernel
+    assert kernel.max_len == 300 and kernel.proj_k.shape[-1] == 300
+    src = torch.randint(1, 20, (1, 280))
+    assert model(src, torch.randint(1, 20, (1, 5))).shape == (1, 5, 20)
+
+
+def test_a_sites_own_max_len_wins_over_model_max_positions() -> None:
+    attention = {"kernel": "eager", "sites": {"cross": {"kernel": "linformer", "k": 4, "max_len": 32}}}
+    specs = site_specs(attention, max_positions=300)
+    assert specs["cross"].options == {"k": 4, "max_len": 32}
+    assert specs["encoder_self"].options == {}  # the eager sites have no length option to set

@@ -1,5 +1,6 @@
-"""app.hardware: fast-bf16 detection from the CPU's feature flags (a public interface, /proc/cpuinfo), and
-no peak measured for a dtype without a fast path."""
+"""app.hardware: fast-bf16 detection from the CPU's feature flags (a public interface, /proc/cpuinfo) and,
+on a GPU, from native (not emulated) bf16; ``precision=auto`` and ``make demo``'s recipe following that one
+rule; and no peak measured for a dtype without a fast path."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.hardware import cpu_flags, cpu_has_fast_bf16, has_fast_matmul, matmul_peak_tflops, resolve_precision
+from app.hardware import (
+    cpu_flags,
+    cpu_has_fast_bf16,
+    fast_bf16,
+    has_fast_matmul,
+    matmul_peak_tflops,
+    resolve_precision,
+)
+from app.training.recipes import BF16_RECIPE, choose_recipe, measure_matmul
 
 X86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 {extra}\n\nprocessor\t: 1\n"
 ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve {extra}\n"
@@ -41,6 +50,34 @@ def test_without_cpuinfo_the_answer_is_no(tmp_path: Path) -> None:
 def test_only_auto_is_resolved() -> None:
     assert resolve_precision("16-mixed", "cpu") == "16-mixed"
     assert resolve_precision("auto", "cpu") == ("bf16-mixed" if cpu_has_fast_bf16() else "32-true")
+
+
+def a_gpu(monkeypatch: pytest.MonkeyPatch, *, native_bf16: bool) -> None:
+    """This process sees one GPU: an Ampere-or-later one (bf16 in hardware) or an older one, on which
+    ``torch.cuda.is_bf16_supported()`` is True all the same (torch emulates bf16 there)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: native_bf16 or including_emulation
+    )
+
+
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["native", "emulated"])
+def test_precision_auto_and_make_demo_follow_one_rule_on_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, native_bf16: bool
+) -> None:
+    a_gpu(monkeypatch, native_bf16=native_bf16)
+    assert fast_bf16("cuda") is native_bf16
+    assert resolve_precision("auto", "auto") == ("bf16-mixed" if native_bf16 else "32-true")
+    assert (choose_recipe(measure_matmul()).experiment == BF16_RECIPE) is native_bf16
+
+
+def test_a_torch_without_the_emulation_argument_asks_the_compute_capability(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)  # emulated bf16 counted
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # a V100
+    assert fast_bf16("cuda") is False
 
 
 def test_no_bf16_product_runs_for_a_peak_where_the_cpu_lacks_fast_bf16(

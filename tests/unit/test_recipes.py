@@ -55,10 +55,16 @@ def test_the_threshold_is_inclusive_and_can_be_given() -> None:
     assert choose_recipe(cpu(True, 0.95, 0.21), min_speedup=5.0).experiment == FP32_RECIPE
 
 
-def test_a_gpu_chooses_the_bf16_recipe() -> None:
+def test_a_gpu_with_native_bf16_chooses_the_bf16_recipe() -> None:
     gpu = MatmulPeaks(device="NVIDIA H100", on_gpu=True, fast_bf16=True, bf16_tflops=None, fp32_tflops=None)
     choice = choose_recipe(gpu)
     assert choice.experiment == BF16_RECIPE and "NVIDIA H100" in choice.reason
+
+
+def test_a_gpu_that_only_emulates_bf16_chooses_the_fp32_recipe() -> None:
+    gpu = MatmulPeaks(device="Tesla V100", on_gpu=True, fast_bf16=False, bf16_tflops=None, fp32_tflops=None)
+    choice = choose_recipe(gpu)
+    assert choice.experiment == FP32_RECIPE and "Tesla V100" in choice.reason and "emulated" in choice.reason
 
 
 def test_a_forced_recipe_is_checked() -> None:
@@ -83,7 +89,7 @@ def test_a_cpu_without_native_bf16_runs_no_bf16_product(monkeypatch: pytest.Monk
 def test_on_a_gpu_nothing_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU")
-    monkeypatch.setattr(recipes, "has_fast_matmul", lambda dtype, device: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setattr(recipes, "matmul_peak_tflops", lambda *a, **k: pytest.fail("measured on a GPU"))
     peaks = measure_matmul()
     assert peaks.on_gpu and peaks.device == "Some GPU"

@@ -59,6 +59,7 @@ class LinformerAttention(AttentionKernel):
         shares_keys=True,  # queries attend the k reduced rows independently
     )
     reasons: ClassVar[dict[str, str]] = {"causal": CAUSAL_REASON}
+    length_option: ClassVar[str | None] = "max_len"  # model.max_positions unless the config sets it
 
     def __init__(self, *, k: int = 64, sharing: str = "headwise", max_len: int = 256) -> None:
         super().__init__()
@@ -136,7 +137,8 @@ class LinformerAttention(AttentionKernel):
         if length > self.max_len:
             raise ValueError(
                 f"linformer attention got {length} keys but its projections cover max_len={self.max_len} "
-                "positions: raise attention.max_len (it follows model.max_positions by default)"
+                "positions: raise model.max_positions, which max_len follows unless attention.max_len "
+                "(or attention.sites.<site>.max_len) sets it"
             )
         proj_k = self.proj_k[:, :, :length].to(k.dtype)  # (1 | Hkv, k, Tk)
         proj_v = self.proj_v[:, :, :length].to(v.dtype)
