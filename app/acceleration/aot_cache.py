@@ -206,7 +206,9 @@ class PackageStore:
             torch._inductor.aoti_compile_and_package(
                 program, package_path=str(partial), inductor_configs=configs
             )
+            partial.chmod(0o600)
             signed.write_bytes(self.signature(partial.read_bytes()))
+            signed.chmod(0o600)
             os.replace(signed, mac_path(path))
             os.replace(partial, path)
         finally:

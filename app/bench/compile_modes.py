@@ -42,14 +42,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--latency-lines", type=int, default=40, help="sentences for steady batch-1 greedy")
     parser.add_argument("--batch-lines", type=int, default=256, help="sentences for steady beam 5 batch 64")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU threads of every process (0: translate.py's default)"
+    )
+    parser.add_argument(
+        "--warm-cache", help="the package cache of the cached aot runs, kept (default: a temporary one)"
+    )
     parser.add_argument("--json", help="also write the figures here")
     return parser.parse_args(argv)
 
 
-def wall_clock(checkpoint: str, mode: str, args: list[str], cache: Path) -> float:
+def wall_clock(checkpoint: str, mode: str, args: list[str], cache: Path, threads: int) -> float:
     """Seconds of one fresh ``translate.py`` process, output discarded; a failure raises with its stderr."""
     env = {**os.environ, "ATTN_MT_AOT_CACHE": str(cache)}
     command = [sys.executable, str(TRANSLATE), checkpoint, "--compile", mode, "-o", os.devnull, *args]
+    command += ["--threads", str(threads)]
     started = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -58,9 +65,11 @@ def wall_clock(checkpoint: str, mode: str, args: list[str], cache: Path) -> floa
     return seconds
 
 
-def steady_state(checkpoint: str, mode: str, source: Path, latency: int, batch: int, cache: Path) -> dict:
+def steady_state(
+    checkpoint: str, mode: str, source: Path, latency: int, batch: int, cache: Path, threads: int
+) -> dict:
     """A worker process's steady-state figures for ``mode`` (see :func:`worker`)."""
-    env = {**os.environ, "ATTN_MT_AOT_CACHE": str(cache)}
+    env = {**os.environ, "ATTN_MT_AOT_CACHE": str(cache), "ATTN_MT_BENCH_THREADS": str(threads)}
     script = REPO_ROOT / "scripts" / "bench_compile_modes.py"
     command = [
         sys.executable,
@@ -81,9 +90,13 @@ def steady_state(checkpoint: str, mode: str, source: Path, latency: int, batch: 
 def worker(checkpoint: str, mode: str, source: str, latency: int, batch: int) -> dict:
     """Load, warm up untimed on the same inputs (compiling, packaging), then time: batch-1 greedy ms per
     sentence and beam 5 batch-64 sentences per second."""
+    import torch
+
     from app.inference.engine import SearchSettings
     from app.inference.translator import load_translator
 
+    if threads := int(os.environ.get("ATTN_MT_BENCH_THREADS", "0")):
+        torch.set_num_threads(threads)
     lines = Path(source).read_text(encoding="utf-8").splitlines()
     translator, _ = load_translator(checkpoint, compile=mode)
     greedy, beam = SearchSettings(beam=1, batch_size=1), SearchSettings(beam=5, batch_size=64)
@@ -108,13 +121,13 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         one = Path(tmp) / "one.txt"
         one.write_text(lines[0] + "\n", encoding="utf-8")
-        warm = Path(tmp) / "warm-cache"
+        warm = Path(args.warm_cache) if args.warm_cache else Path(tmp) / "warm-cache"
         cases = {"1 sentence": ["-i", str(one)], f"{len(lines)} lines": ["-i", str(source)]}
         variants = [(m, "cold") if m == "aot" else (m, "") for m in args.modes]
         if "aot" in args.modes:
             variants.append(("aot", "cached"))
             for case in cases.values():  # every package the cached runs will look for, built once
-                wall_clock(args.checkpoint, "aot", case, warm)
+                wall_clock(args.checkpoint, "aot", case, warm, args.threads)
         figures: dict[str, dict[str, list[float]]] = {}
         for round_ in range(args.rounds):
             order = variants if round_ % 2 == 0 else variants[::-1]
@@ -122,17 +135,23 @@ def run(args: argparse.Namespace) -> dict:
                 name = f"{mode} ({cache})" if cache else mode
                 for case, case_args in cases.items():
                     folder = warm if cache == "cached" else Path(tempfile.mkdtemp(dir=tmp))
-                    seconds = wall_clock(args.checkpoint, mode, case_args, folder)
+                    seconds = wall_clock(args.checkpoint, mode, case_args, folder, args.threads)
                     figures.setdefault(name, {}).setdefault(case, []).append(seconds)
                     print(f"round {round_ + 1} {name:13s} {case:20s} {seconds:7.2f} s", flush=True)
                 if cache != "cold":
                     steady = steady_state(
-                        args.checkpoint, mode, source, args.latency_lines, args.batch_lines, warm
+                        args.checkpoint,
+                        mode,
+                        source,
+                        args.latency_lines,
+                        args.batch_lines,
+                        warm,
+                        args.threads,
                     )
                     for key, value in steady.items():
                         figures[name].setdefault(key, []).append(value)
                     print(f"round {round_ + 1} {name:13s} steady {json.dumps(steady)}", flush=True)
-    return {"cpu": cpu_description(), "threads": "translate.py's default", "figures": figures}
+    return {"cpu": cpu_description(), "threads": args.threads or "translate.py's default", "figures": figures}
 
 
 def table(result: dict) -> str:

@@ -1,6 +1,7 @@
-"""The encoder and the first decoding step through AOTInductor packages (app.acceleration.aot_start) compute what
-the eager ones do: the encoder's memory (zero at the padding) and mask, the first step's log-probabilities
-and every cache it fills; a part that cannot be packaged stays eager, alone."""
+"""The encoder and the first decoding step through AOTInductor packages (app.acceleration.aot_start) compute
+what the model's own do: the encoder's memory (zero at the padding) and mask, the first step's
+log-probabilities and every cache it fills; a part that cannot be packaged stays eager, alone. The models
+have the weights of test_aot_step's: their packages are found in the session's cache."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from helpers.batches import random_sources
 
 from app.acceleration.aot_start import ExportedEncoder
-from app.acceleration.compiled_step import compile_available, compile_decoding
+from app.acceleration.decoding import CompiledDecoding, CompileReport, accelerate
+from app.acceleration.step import compile_available
 from app.models import Transformer
 
 pytestmark = [
@@ -23,20 +25,25 @@ pytestmark = [
 PAD, BOS, VOCAB = 0, 2, 20
 
 
-def aot_model(make_transformer: Callable[..., Transformer], attention: dict) -> Transformer:
-    """The weights of test_compiled_step's models: their packages are found in the session's cache."""
+def aot_model(
+    make_transformer: Callable[..., Transformer], attention: dict
+) -> tuple[Transformer, CompiledDecoding]:
+    """test_aot_step's model (seed 1, sharpened output), and it wrapped with packages."""
     model = make_transformer(
         src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, tie_embeddings=False, seed=1, attention=attention
     )
     with torch.no_grad():
         model.output.weight.mul_(3.0)
-    assert compile_decoding(model, "aot") is None
-    return model
+    fast, reason = accelerate(model, "aot")
+    assert reason is None
+    return model, fast
 
 
-def first_step(model: Transformer, src: torch.Tensor) -> tuple[torch.Tensor, list, torch.Tensor]:
+def first_step(
+    model: Transformer | CompiledDecoding, src: torch.Tensor
+) -> tuple[torch.Tensor, list, torch.Tensor]:
     """The first step's log-probabilities, its filled caches and the memory, through ``model.encode``
-    and ``model.decode_step`` (the packages where enabled)."""
+    and ``model.decode_step``."""
     encoded = model.encode(src)
     state = model.start_decoding(encoded)
     log_probs = model.decode_step(torch.full((src.size(0),), BOS), state)
@@ -48,15 +55,12 @@ def first_step(model: Transformer, src: torch.Tensor) -> tuple[torch.Tensor, lis
 def test_packaged_encoder_and_first_step_equal_eager(
     make_transformer: Callable[..., Transformer], sentences: int
 ) -> None:
-    model = aot_model(make_transformer, {"kernel": "eager"})
+    model, fast = aot_model(make_transformer, {"kernel": "eager"})
     src = random_sources(sentences, 2, 9, vocab=VOCAB)  # right-padded where several
     with torch.no_grad():
-        packaged = first_step(model, src)
-        start = model.compiled_steps.ahead.start
-        assert set(start.runners) >= {("encoder", sentences > 1), ("first step", sentences > 1)}
-        runner, model.compiled_steps = model.compiled_steps, None
+        packaged = first_step(fast, src)
+        assert set(fast.start.runners) == {("encoder", sentences > 1), ("first step", sentences > 1)}
         eager = first_step(model, src)
-        model.compiled_steps = runner
     (log_probs, caches, memory), (eager_log_probs, eager_caches, eager_memory) = packaged, eager
     torch.testing.assert_close(memory, eager_memory, atol=1e-5, rtol=1e-5)
     assert not memory[src == PAD].any()  # zero at the padding, as the packed eager encoder leaves it
@@ -75,15 +79,14 @@ def test_an_encoder_that_fails_to_export_stays_eager_alone(
     def refuse(self, src, index=None):
         raise RuntimeError("this encoder does not export")
 
-    model = aot_model(make_transformer, {"kernel": "eager"})
+    model, fast = aot_model(make_transformer, {"kernel": "eager"})
     monkeypatch.setattr(ExportedEncoder, "forward", refuse)
     src = random_sources(3, 2, 9, vocab=VOCAB)
     with torch.no_grad(), pytest.warns(UserWarning, match="the encoder not compiled ahead of time"):
-        _, _, memory = first_step(model, src)
-    ahead = model.compiled_steps.ahead
-    assert "this encoder does not export" in ahead.start.failures["encoder"]
-    assert set(ahead.start.runners) == {("first step", True)}  # the first step still packaged
-    assert "this encoder does not export" in ahead.failure_report
+        _, _, memory = first_step(fast, src)
+    assert "this encoder does not export" in fast.start.failures["encoder"]
+    assert set(fast.start.runners) == {("first step", True)}  # the first step still packaged
+    assert "this encoder does not export" in CompileReport.of(fast).package_failure
     with torch.no_grad():
         torch.testing.assert_close(memory, model.encode(src).memory)
 
@@ -92,23 +95,11 @@ def test_the_first_step_of_a_windowed_cache_stays_eager(make_transformer: Callab
     """A sliding window trims its cache (no later step is packaged): its first step is not packaged either."""
     window = {"kernel": "sparse", "options": {"pattern": "sliding_window", "window": 4}}
     attention = {"kernel": "eager", "sites": {"decoder_self": window}}
-    model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, attention=attention)
-    assert compile_decoding(model, "aot") is None
+    _, fast = aot_model(make_transformer, attention)  # the encoder's package: the eager model's
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
-        first_step(model, random_sources(1, 2, 9, vocab=VOCAB))
-    assert set(model.compiled_steps.ahead.start.runners) == {("encoder", False)}
-
-
-def test_training_and_gradients_keep_the_eager_encoder(make_transformer: Callable[..., Transformer]) -> None:
-    model = aot_model(make_transformer, {"kernel": "eager"})
-    src = random_sources(2, 3, 5, vocab=VOCAB)
-    assert model.compiled_steps.encode(src) is None  # gradients on
-    with torch.no_grad():
-        model.train()
-        assert model.compiled_steps.encode(src) is None
-        model.eval()
-    assert not model.compiled_steps.ahead.start.runners
+        first_step(fast, random_sources(1, 2, 9, vocab=VOCAB))
+    assert set(fast.start.runners) == {("encoder", False)}
 
 
 def test_an_encoder_with_random_features_is_packaged(make_transformer: Callable[..., Transformer]) -> None:
@@ -117,12 +108,11 @@ def test_an_encoder_with_random_features_is_packaged(make_transformer: Callable[
     freezing fails on that graph, and the package is built without it. The decoder's recurrent state keeps
     the first step eager."""
     favor = {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}}
-    model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, attention=favor)
-    assert compile_decoding(model, "aot") is None
+    model, fast = aot_model(make_transformer, favor)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing falls back
         for sentences in (1, 4):
             src = random_sources(sentences, 2, 9, vocab=VOCAB)
-            packaged = model.encode(src).memory
+            packaged = fast.encode(src).memory
             torch.testing.assert_close(packaged, model.encode(src).memory, atol=1e-5, rtol=1e-5)
-    assert set(model.compiled_steps.ahead.start.runners) == {("encoder", False), ("encoder", True)}
+    assert set(fast.start.runners) == {("encoder", False), ("encoder", True)}
