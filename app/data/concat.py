@@ -16,7 +16,6 @@ back into sentences where it kept the same number of separators as its reference
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 
 import datasets
 import numpy as np
@@ -51,19 +50,6 @@ def concat_pairs(dataset: datasets.Dataset, k: int, separator: str = SEPARATOR) 
     # left to datasets, it would pickle the whole table, which fails under Python 3.12 + pyarrow 26
     fingerprint = hashlib.sha256(f"{dataset._fingerprint}|concat={k}|{separator}".encode()).hexdigest()[:16]
     return datasets.Dataset(datasets.table.InMemoryTable(pa.table(columns)), fingerprint=fingerprint)
-
-
-def concat_corpora(corpora: Mapping[str, datasets.Dataset], k: int) -> dict[str, datasets.Dataset]:
-    """Every split (train, valid, test) as examples of ``k`` pairs (see :func:`concat_pairs`)."""
-    return {split: concat_pairs(dataset, k) for split, dataset in corpora.items()}
-
-
-def subword_symbols(subword: Mapping[str, object], k: int) -> dict[str, object]:
-    """The ``data.subword`` settings, with the separator as a user-defined symbol when ``k`` > 1."""
-    symbols = list(subword.get("user_defined_symbols") or ())  # type: ignore[call-overload]
-    if k > 1 and SEPARATOR not in symbols:
-        symbols.append(SEPARATOR)
-    return {**subword, "user_defined_symbols": symbols} if symbols else dict(subword)
 
 
 def group_starts(document: np.ndarray, k: int) -> np.ndarray:

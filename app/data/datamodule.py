@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
@@ -14,9 +16,10 @@ from torch.utils.data import DataLoader
 
 from app.data.batch import Collator
 from app.data.batching import TokenBucketBatchSampler
+from app.data.corpora import Corpora
 from app.data.corpus import keep_mask
 from app.data.encoded import EncodedPairs, ResampledPairs, encode_split
-from app.data.multilingual import DIRECTION_COLUMN, direction_codes, direction_spans, temperature_rows
+from app.data.multilingual import temperature_rows
 from app.data.tokenizer import SubwordSampling, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -40,22 +43,22 @@ class ResumableDataLoader(DataLoader):
 class TranslationDataModule(pl.LightningDataModule):
     """Holds the encoded corpus; training batches are sharded over ranks by the sampler itself.
 
-    ``corpora`` are ``src`` / ``tgt`` text datasets (see :mod:`app.data.sources`); ``setup`` tokenizes
-    them into the Arrow cache under ``cache_dir`` (or maps an existing cache) with ``num_proc`` processes.
+    ``corpora`` are the run's splits (:class:`app.data.corpora.Corpora`); ``setup`` tokenizes their
+    examples into the Arrow cache under ``cache_dir`` (or maps an existing cache) with ``num_proc`` processes.
     Training pairs that are empty, longer than ``max_len`` subwords or, with ``max_ratio``, more unequal
     in length than that are dropped (and counted). Evaluation splits are never filtered: a sequence
     longer than the model accepts (``max_positions`` including EOS/BOS) is truncated for the validation
     loss, and counted in the log. With ``subword_sampling`` enabled, training batches carry a freshly
     sampled segmentation of each pair (subword regularization); evaluation splits keep the one-best
     segmentation the model is evaluated and used with. ``num_workers`` DataLoader processes read and pad
-    batches off the training process. A multilingual corpus (a ``direction`` column) mixes its directions'
-    training pairs by ``sampling_temperature`` (:func:`app.data.multilingual.temperature_rows`).
+    batches off the training process. The training pairs of the corpus's directions are mixed by
+    ``sampling_temperature`` (:func:`app.data.multilingual.temperature_rows`; one direction: all of them).
     """
 
     def __init__(
         self,
         *,
-        corpora: dict[str, datasets.Dataset],
+        corpora: Corpora,
         src_tokenizer: Tokenizer,
         tgt_tokenizer: Tokenizer,
         max_tokens: int,
@@ -88,24 +91,41 @@ class TranslationDataModule(pl.LightningDataModule):
         )
         self.datasets: dict[str, EncodedPairs] = {}
         self.dropped_train_pairs = 0
-        self._valid_references: list[str] | None = None
 
-    @property
-    def valid_references(self) -> list[str]:
-        """The validation targets as text (a small split: materialised once)."""
-        if self._valid_references is None:
-            self._valid_references = self.corpora["valid"].with_format("arrow")["tgt"].to_pylist()
-        return self._valid_references
-
-    @property
-    def valid_directions(self) -> list[tuple[str, int, int]] | None:
-        """``(direction, start, stop)`` rows of each direction in the validation set; None: bilingual."""
-        return direction_spans(self.corpora["valid"])
+    @classmethod
+    def from_config(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        corpora: Corpora,
+        tokenizers: tuple[Tokenizer, Tokenizer],
+        max_positions: int,
+        seed: int,
+    ) -> TranslationDataModule:
+        """The datamodule the ``data`` config describes (the one place its batching keys are read)."""
+        return cls(
+            corpora=corpora,
+            src_tokenizer=tokenizers[0],
+            tgt_tokenizer=tokenizers[1],
+            max_tokens=data["max_tokens"],
+            max_len=data["max_len"],
+            max_positions=max_positions,
+            cache_dir=Path(data["cache_dir"]) / "tokens",
+            eval_max_tokens=data.get("eval_max_tokens"),
+            max_ratio=data.get("max_ratio"),
+            seed=seed,
+            num_proc=data.get("num_proc", 1),
+            num_workers=data.get("num_workers", 0),
+            subword_sampling=SubwordSampling.from_config(
+                data.get("subword_sampling"), data["subword"].get("model_type", "unigram")
+            ),
+            sampling_temperature=data.get("sampling_temperature") or 1.0,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        for split, texts in self.corpora.items():
+        for split, texts in self.corpora.texts().items():
             encoded = encode_split(
                 texts,
                 self.src_tokenizer,
@@ -132,16 +152,11 @@ class TranslationDataModule(pl.LightningDataModule):
         )
         if self.max_ratio is not None:
             log.info("training pairs: %d more dropped (length ratio > %g)", counts.ratio, self.max_ratio)
-        rows = np.flatnonzero(keep)
-        if DIRECTION_COLUMN in self.corpora["train"].column_names:
-            codes, names = direction_codes(self.corpora["train"])
-            rows = temperature_rows(rows, codes[rows], self.sampling_temperature, self.seed)
-            counts = np.bincount(codes[rows], minlength=len(names))
-            log.info("training pairs per direction: %s", dict(zip(names, counts.tolist(), strict=True)))
+        rows = self._mixed(np.flatnonzero(keep))
         if self.subword_sampling.enabled:
             return ResampledPairs(
                 encoded,
-                self.corpora["train"],
+                self.corpora["train"].texts,
                 (self.src_tokenizer, self.tgt_tokenizer),
                 self.subword_sampling,
                 seed=self.seed,
@@ -149,6 +164,14 @@ class TranslationDataModule(pl.LightningDataModule):
                 truncate=self.max_positions - 1,
             )
         return EncodedPairs(encoded, rows=rows)
+
+    def _mixed(self, rows: np.ndarray) -> np.ndarray:
+        """The kept training ``rows`` (n,) an epoch draws, each direction getting its temperature share."""
+        codes, names = self.corpora["train"].direction_codes()  # (N,) a direction index per row
+        rows = temperature_rows(rows, codes[rows], self.sampling_temperature, self.seed)
+        counts = np.bincount(codes[rows], minlength=len(names))
+        log.info("training pairs per direction: %s", dict(zip(names, counts.tolist(), strict=True)))
+        return rows
 
     def _truncate(self, split: str, encoded: datasets.Dataset) -> EncodedPairs:
         limit = self.max_positions - 1

@@ -128,15 +128,6 @@ def configured_directions(data: Mapping[str, Any]) -> list[str] | None:
     return parse_directions(value, data.get("languages"))
 
 
-def tag_symbols(subword: Mapping[str, Any], directions: Sequence[str] | None) -> dict[str, Any]:
-    """The ``data.subword`` settings with every target-language tag as a user-defined symbol."""
-    if not directions:
-        return dict(subword)
-    symbols = list(subword.get("user_defined_symbols") or ())
-    tags = sorted({language_tag(parse_direction(d)[1]) for d in directions})
-    return {**subword, "user_defined_symbols": [*symbols, *(t for t in tags if t not in symbols)]}
-
-
 def tagged_split(dataset: datasets.Dataset, direction: str) -> datasets.Dataset:
     """``dataset``'s pairs with the target tag before each non-blank source, and a ``direction`` column.
 
@@ -165,23 +156,6 @@ def _tag_batch(batch: pa.Table, direction: str) -> pa.Table:
     tagged = pc.if_else(blank, src, pc.binary_join_element_wise(f"{tag} ", src, ""))
     name = pa.array([direction] * len(src), pa.string())
     return pa.table({"src": tagged, "tgt": batch["tgt"], DIRECTION_COLUMN: name})
-
-
-def direction_spans(dataset: datasets.Dataset) -> list[tuple[str, int, int]] | None:
-    """``(direction, start, stop)`` of each direction's rows in a multilingual split (in order), or None
-    for a bilingual one. The directions' rows are contiguous (the split is their concatenation)."""
-    if DIRECTION_COLUMN not in dataset.column_names:
-        return None
-    codes, names = direction_codes(dataset)
-    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else np.zeros(0, int)
-    stops = np.r_[starts[1:], len(codes)]
-    return [(names[codes[a]], int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
-
-
-def direction_codes(dataset: datasets.Dataset) -> tuple[np.ndarray, list[str]]:
-    """Each row's direction as an integer (N,), and the names the integers stand for."""
-    column = dataset.with_format("arrow")[DIRECTION_COLUMN].combine_chunks().dictionary_encode()
-    return column.indices.to_numpy(zero_copy_only=False), column.dictionary.to_pylist()
 
 
 def temperature_probabilities(sizes: Sequence[int], temperature: float) -> np.ndarray:

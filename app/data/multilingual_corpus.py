@@ -1,4 +1,4 @@
-"""The corpora of a multilingual run: one file pair per direction and split, tagged and concatenated.
+"""Where the files of a tagged (multilingual) run's directions are, and its sentencepiece sample.
 
 Where each direction's files are:
 
@@ -6,9 +6,8 @@ Where each direction's files are:
 * ``data.lang_files`` (a multi-way parallel corpus such as Multi30k): one path pattern per split with a
   ``{lang}`` field, ``{train: data/multi30k/train.{lang}, ...}``; a direction's sides fill it in.
 
-Every split becomes the concatenation of its directions' pairs, each source tagged with its target
-language (:func:`app.data.multilingual.tagged_split`), in the order of ``data.directions``; the
-``direction`` column tells them apart (validation and test scores per direction, temperature sampling).
+:class:`app.data.corpora.Corpora` opens them, tags each source with its target language and
+concatenates every split's directions in the order of ``data.directions``.
 """
 
 from __future__ import annotations
@@ -16,12 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import datasets
 import numpy as np
 
-from app.data.corpus import CorpusError, TextColumn, open_lines, open_parallel
+from app.data.corpus import CorpusError, TextColumn, open_lines
 from app.data.encoded import text_column
-from app.data.multilingual import parse_direction, tagged_split
+from app.data.multilingual import parse_direction
 
 SPLITS = ("train", "valid", "test")
 
@@ -50,32 +48,6 @@ def direction_files(data: Mapping[str, Any], direction: str) -> dict[str, dict[s
         split: {"src": patterns[split].format(lang=src), "tgt": patterns[split].format(lang=tgt)}
         for split in SPLITS
     }
-
-
-def all_files(data: Mapping[str, Any], directions: Sequence[str]) -> list[str]:
-    """Every file the directions read (each once), for the fetcher's check."""
-    paths = {
-        path
-        for direction in directions
-        for split in direction_files(data, direction).values()
-        for path in split.values()
-    }
-    return sorted(paths)
-
-
-def load_directions(data: Mapping[str, Any], directions: Sequence[str]) -> dict[str, datasets.Dataset]:
-    """Each split as the tagged concatenation of its directions (``src``, ``tgt``, ``direction``)."""
-    if data.get("concat", 1) != 1:
-        raise CorpusError("data.concat > 1 and data.directions cannot be combined (one or the other)")
-    if data.get("hub"):
-        raise CorpusError("data.directions reads files (data.pairs or data.lang_files), not data.hub")
-    cache_dir = data.get("cache_dir")
-    corpora: dict[str, list[datasets.Dataset]] = {split: [] for split in SPLITS}
-    for direction in directions:
-        for split, files in direction_files(data, direction).items():
-            pairs = open_parallel(files["src"], files["tgt"], cache_dir=cache_dir)
-            corpora[split].append(tagged_split(pairs, direction))
-    return {split: datasets.concatenate_datasets(parts) for split, parts in corpora.items()}
 
 
 def language_samples(

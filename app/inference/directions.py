@@ -1,7 +1,7 @@
 """Scores of a multilingual set, per direction and their mean.
 
 A multilingual validation or test set is the concatenation of its directions (rows ``start:stop`` of
-each, :func:`app.data.multilingual.direction_spans`). Each direction is scored on its own (sacreBLEU,
+each, :attr:`app.data.corpora.Split.spans`). Each direction is scored on its own (sacreBLEU,
 with its target language for the Moses-tokenized score) and the headline number is the unweighted mean
 over directions, so a direction counts the same whatever its size: ``val/bleu`` (best.ckpt, early
 stopping, the selection grid) and ``test_bleu`` are that mean; ``val/bleu/de-en`` and ``test_bleu/de-en``

@@ -16,7 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
 from omegaconf import OmegaConf
 
@@ -27,10 +26,7 @@ from app.checkpoint import (
     save_atomically,
     step_checkpoints,
 )
-from app.data.concat import SEPARATOR, concat_corpora
-from app.data.corpus import to_parallel_text
-from app.data.multilingual import direction_spans
-from app.data.sources import load_corpora
+from app.data.corpora import Corpora
 from app.inference.directions import direction_results
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
@@ -51,7 +47,7 @@ log = logging.getLogger(__name__)
 def score_run(
     run: RunDir,
     config: Mapping[str, Any],
-    corpora: Mapping[str, datasets.Dataset],
+    corpora: Corpora,
     best_checkpoint: Path,
     *,
     device: str | torch.device = "cpu",
@@ -59,22 +55,22 @@ def score_run(
 ) -> dict[str, Any]:
     """Choose on validation, score the test set, and write ``test.hyp`` and ``results.json`` into ``run``.
 
-    ``kept`` are the keys results.json carries besides the test scores (the run's statistics).
-    Returns what was written.
+    ``kept`` are the keys results.json carries besides the test scores (the run's statistics). Where
+    the test split has directions scored on their own (a tagged run), each one's scores are added and
+    ``test_bleu`` (etc.) become their mean. Returns what was written.
     """
     evaluation, selection = choose_and_score(config, corpora, best_checkpoint, device=device)
     results = {**evaluation.results(prefix="test_"), **(kept or {}), **selection}
-    spans = direction_spans(corpora["test"])
-    if spans is not None:  # a multilingual run: each direction, and their mean as test_bleu (etc.)
-        references = to_parallel_text(corpora["test"]).tgt
-        results.update(direction_results(evaluation.hypotheses, references, spans, prefix="test_"))
+    test = corpora["test"]
+    if test.scored_directions:
+        results.update(direction_results(evaluation.hypotheses, test.references, test.spans, prefix="test_"))
     write_test_results(run, evaluation, results)
     return results
 
 
 def choose_and_score(
     config: Mapping[str, Any],
-    corpora: Mapping[str, datasets.Dataset],
+    corpora: Corpora,
     best_checkpoint: Path,
     *,
     device: str | torch.device = "cpu",
@@ -94,16 +90,8 @@ def choose_and_score(
     candidates = [str(best_checkpoint), *averaged]
     chosen_checkpoint, selection = candidates[0], {}
     if len(candidates) * len(grid) > 1:
-        valid = to_parallel_text(corpora["valid"])
-        spans = direction_spans(corpora["valid"])
         trials = validation_trials(
-            candidates,
-            grid,
-            valid.src,
-            valid.tgt,
-            device=device,
-            spans=spans,
-            direction=choice.get("direction"),
+            candidates, grid, corpora["valid"], device=device, direction=choice.get("direction")
         )
         metric = validation_metric(config)
         chosen = best_trial(trials, metric)
@@ -112,17 +100,15 @@ def choose_and_score(
         trials_made = [t.as_dict() for t in trials]
         selection = {"selection": {"metric": metric, "chosen": chosen.as_dict(), "trials": trials_made}}
         log.info("chosen on validation: %s", json.dumps(selection["selection"]["chosen"]))
-    test = to_parallel_text(corpora["test"])
-    data = config["data"]
-    multilingual = direction_spans(corpora["test"]) is not None
+    test, layout = corpora["test"], corpora.layout
     evaluation = evaluate(
         open_engine(chosen_checkpoint, engine="torch", device=str(device), sources_tagged=True),
-        test.src,
-        test.tgt,
+        test.sources,
+        test.references,
         settings,
-        test_set=data.get("test_name", "test"),
-        moses_lang=None if multilingual else data.get("tgt_lang"),  # per direction: score_run
-        separator=SEPARATOR if data.get("concat", 1) > 1 else None,
+        test_set=config["data"].get("test_name", "test"),
+        moses_lang=layout.scoring_lang,  # None for a tagged run: score_run scores each direction
+        separator=layout.separator,
     )
     return evaluation, selection
 
@@ -170,5 +156,6 @@ def rescore_run(run_dir: str | os.PathLike[str], overrides: list[str] | None = N
     check_selection(config)
     previous = json.loads(run.results.read_text()) if run.results.is_file() else {}
     kept = {k: v for k, v in previous.items() if not k.startswith("test_") and k != "selection"}
-    corpora = concat_corpora(load_corpora(config["data"]), config["data"].get("concat", 1))
-    return score_run(run, config, corpora, best, kept={**kept, "rescored_with": overrides or []})
+    return score_run(
+        run, config, Corpora.load(config["data"]), best, kept={**kept, "rescored_with": overrides or []}
+    )

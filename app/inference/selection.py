@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from app.data.multilingual import configured_directions
-from app.inference.directions import Spans, direction_scores, mean_scores
+from app.data.corpora import CorpusLayout, Split
+from app.inference.directions import direction_scores, mean_scores
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.evaluate import evaluate
@@ -52,17 +52,15 @@ def search_grid(
 def validation_trials(
     checkpoints: Sequence[str | os.PathLike[str]],
     grid: Sequence[SearchSettings],
-    sources: list[str],
-    references: list[str],
+    valid: Split,
     *,
     device: str | torch.device = "cpu",
-    spans: Spans | None = None,
     direction: str | None = None,
 ) -> list[Trial]:
-    """Every checkpoint decodes the validation set with every setting of ``grid`` (checkpoints outer).
+    """Every checkpoint decodes the validation split with every setting of ``grid`` (checkpoints outer).
 
-    With ``spans`` (a multilingual set, its sources tagged) a trial's scores are the means over directions,
-    or with ``direction`` (``selection.direction``) that direction's own.
+    A trial's scores are the mean over the split's directions (an untagged split has one: its own
+    scores, as ``val/bleu`` logs them), or with ``direction`` (``selection.direction``) that one's.
     """
     if not checkpoints or not grid:
         raise ValueError("validation_trials needs at least one checkpoint and one search setting")
@@ -70,18 +68,12 @@ def validation_trials(
     for checkpoint in checkpoints:
         engine = open_engine(checkpoint, engine="torch", device=str(device), sources_tagged=True)  # once
         for settings in grid:
-            evaluation = evaluate(engine, sources, references, settings)
-            if spans is not None:
-                scores = direction_scores(evaluation.hypotheses, references, spans, moses=False)
-                if direction is not None:
-                    bleu, bleu_lc = scores[direction].bleu, scores[direction].bleu_lc
-                else:
-                    means = mean_scores(scores)
-                    bleu, bleu_lc = means["bleu"], means["bleu_lc"]
-            else:
-                assert evaluation.scores is not None  # references were given
-                bleu, bleu_lc = evaluation.scores.bleu, evaluation.scores.bleu_lc
-            trials.append(Trial(str(checkpoint), settings.beam, settings.alpha, bleu, bleu_lc))
+            hypotheses = evaluate(engine, valid.sources, None, settings).hypotheses
+            scores = direction_scores(hypotheses, valid.references, valid.spans, moses=False)
+            chosen = asdict(scores[direction]) if direction is not None else mean_scores(scores)
+            trials.append(
+                Trial(str(checkpoint), settings.beam, settings.alpha, chosen["bleu"], chosen["bleu_lc"])
+            )
     return trials
 
 
@@ -121,7 +113,7 @@ def check_selection(config: Mapping[str, Any]) -> None:
         )
     direction = choice.get("direction")
     if direction is not None:
-        directions = configured_directions(config.get("data") or {}) or []
+        directions = CorpusLayout.from_config(config.get("data") or {}).scored_directions
         if direction not in directions:
             raise ValueError(
                 f"selection.direction={direction!r} is not one of data.directions "

@@ -19,7 +19,7 @@ from app.data.batch import Batch
 from app.data.corpus import TextDigest
 from app.data.encoded import text_column
 from app.training.distributed import gather_objects
-from app.training.optim import Schedule
+from app.training.optim import NO_TIME_BUDGET, Schedule
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,6 @@ class ElapsedTime(pl.Callback):
         self._minutes_before = state_dict["elapsed_min"]
 
 
-NO_TIME_BUDGET = (
-    "optim.decay_steps=auto ends the decay when trainer.max_time does, but trainer.max_time is not set; "
-    "set it (DD:HH:MM:SS) or give optim.decay_steps as a step count"
-)
-
-
 def steps_within_budget(step: int, steps_per_s: float, remaining_s: float) -> int:
     """The optimizer step a run at ``step`` reaches when its remaining time runs out at its current rate."""
     return step + int(steps_per_s * max(remaining_s, 0.0))
@@ -89,10 +83,12 @@ class DecayToTimeBudget(pl.Callback):
     zero with the budget and the last updates are the small ones. Rank 0's estimate is broadcast, so
     every rank follows one schedule. The value is logged as ``optim/decay_steps`` and checkpointed with
     the scheduler (:class:`~app.training.optim.Schedule`). With ``trainer.max_steps`` set too, the decay
-    ends at whichever comes first.
+    ends at whichever comes first. ``schedule`` is the object the module's LambdaLR follows
+    (:func:`app.training.optim.configured_schedule` builds it once for both).
     """
 
-    def __init__(self, every_n_steps: int = 20) -> None:
+    def __init__(self, schedule: Schedule, every_n_steps: int = 20) -> None:
+        self.schedule = schedule
         self.every_n_steps = every_n_steps
         self._started: tuple[int, float] | None = None  # (step, monotonic time) when this process began
         self._last_update = -1
@@ -121,8 +117,7 @@ class DecayToTimeBudget(pl.Callback):
         if trainer.max_steps > 0:
             estimate = min(estimate, trainer.max_steps)
         estimate = trainer.strategy.broadcast(estimate)  # one schedule for every rank
-        for schedule in decaying_schedules(trainer):
-            schedule.decay_steps = max(estimate, schedule.warmup + 1)
+        self.schedule.decay_steps = max(estimate, self.schedule.warmup + 1)
         pl_module.log("optim/decay_steps", float(estimate), on_step=True, on_epoch=False, rank_zero_only=True)
 
 
@@ -132,16 +127,6 @@ def time_budget(trainer: pl.Trainer) -> Timer:
     if not timers:
         raise ValueError(NO_TIME_BUDGET)
     return timers[0]
-
-
-def decaying_schedules(trainer: pl.Trainer) -> list[Schedule]:
-    """The distinct :class:`~app.training.optim.Schedule` objects behind the trainer's LambdaLR schedulers."""
-    found: dict[int, Schedule] = {}
-    for config in trainer.lr_scheduler_configs:
-        for schedule in getattr(config.scheduler, "lr_lambdas", []):
-            if isinstance(schedule, Schedule):
-                found[id(schedule)] = schedule
-    return list(found.values())
 
 
 class SamplerPosition(pl.Callback):
@@ -278,7 +263,7 @@ class DataFingerprint(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             translator = pl_module.translator
-            corpora = trainer.datamodule.corpora
+            corpora = trainer.datamodule.corpora.texts()
             self.fingerprint = data_fingerprint(corpora, translator.src_tokenizer, translator.tgt_tokenizer)
 
     def state_dict(self) -> dict[str, str]:

@@ -16,15 +16,15 @@ import torch
 
 from app.checkpoint import CHECKPOINT_KEY, translation_payload
 from app.data.batch import Batch
+from app.data.corpora import Split
 from app.data.tokenizer import Tokenizer
 from app.inference.directions import direction_scores, mean_scores
 from app.inference.engine import SearchSettings
-from app.inference.metrics import corpus_scores
 from app.inference.translator import Translator
 from app.models.seq2seq import Seq2Seq
 from app.training.distributed import gather_objects
 from app.training.losses import label_smoothed_nll, linear_smoothed_nll, symmetric_kl
-from app.training.optim import build_optimizer, schedule_factor
+from app.training.optim import Schedule, build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,9 @@ class TranslationModule(pl.LightningModule):
     the step they are multiplied by ``N R / (target tokens of all the step's micro-batches)``, a no-op
     without accumulation. R keeps gradients near their usual size while the total is not yet known.
     Validation sums loss and tokens over ranks and gathers the hypotheses of every rank for BLEU, so
-    the logged values equal a single-process run's on the same data.
+    the logged values equal a single-process run's on the same data. ``validation`` is the split those
+    batches come from: its references and direction spans score the hypotheses. ``schedule`` is the
+    learning-rate multiplier (:func:`app.training.optim.configured_schedule`), built and checked once.
     """
 
     def __init__(
@@ -68,11 +70,10 @@ class TranslationModule(pl.LightningModule):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
-        warmup_steps: int = 4000,
-        schedule: str = "inverse_sqrt",
-        decay_steps: int | str | None = None,
+        schedule: Schedule | None = None,
         fused: bool = False,
         valid_search: SearchSettings | None = None,
+        validation: Split | None = None,
         nonfinite_loss: str = "stop",
     ) -> None:
         super().__init__()
@@ -89,17 +90,15 @@ class TranslationModule(pl.LightningModule):
             "weight_decay": weight_decay,
             "betas": tuple(betas),
             "eps": eps,
-            "warmup": warmup_steps,
             "fused": fused,
-            "schedule": schedule,
-            "decay_steps": decay_steps,
         }
-        schedule_factor(schedule, warmup_steps, decay_steps)  # a bad schedule fails here, not after data prep
+        self.schedule = schedule or Schedule("inverse_sqrt", warmup=4000)
         if nonfinite_loss not in NONFINITE_POLICIES:
             choices = ", ".join(NONFINITE_POLICIES)
             raise ValueError(f"nonfinite_loss={nonfinite_loss!r}; valid choices: {choices}")
         self.nonfinite_loss = nonfinite_loss
         self.valid_search = valid_search or SearchSettings(beam=1)
+        self.validation = validation
         self.pad_id = tgt_tokenizer.pad_id
         self._valid_hyps: dict[int, list[int]] = {}
         self._valid_sums = torch.zeros(3, dtype=torch.float64)  # this rank's loss, nll, target tokens
@@ -240,28 +239,27 @@ class TranslationModule(pl.LightningModule):
         self._valid_hyps.clear()
         if not hyp_ids:
             return
-        references = self.trainer.datamodule.valid_references
+        if self.validation is None:
+            raise RuntimeError("TranslationModule(validation=...) is needed to score validation BLEU")
+        references = self.validation.references
         validated = sorted(hyp_ids)
         if len(validated) < len(references):  # limit_val_batches or a sanity check: the part decoded
             log.info("val/bleu on the %d of %d validation sentences decoded", len(validated), len(references))
-        hyps = self.translator.tgt_tokenizer.decode([hyp_ids[i] for i in validated])
-        spans = self.trainer.datamodule.valid_directions
-        if spans is not None:
-            self._log_directions(dict(zip(validated, hyps, strict=True)), references, spans)
-            return
-        scores = corpus_scores(hyps, [references[i] for i in validated])
-        self.log("val/bleu", scores.bleu, prog_bar=True)
-        self.log("val/bleu_lc", scores.bleu_lc)
-        self.log("val/chrf", scores.chrf)
+        texts = self.translator.tgt_tokenizer.decode([hyp_ids[i] for i in validated])
+        hyps = dict(zip(validated, texts, strict=True))
+        self._log_scores([hyps.get(i) for i in range(len(references))])
 
-    def _log_directions(self, hyps: dict[int, str], references: list[str], spans: list) -> None:
-        """A multilingual validation set: ``val/bleu/de-en`` (etc.) per direction, ``val/bleu`` their mean."""
-        decoded = [hyps.get(i) for i in range(len(references))]
-        scores = direction_scores(decoded, references, spans, moses=False)
+    def _log_scores(self, decoded: list[str | None]) -> None:
+        """``val/bleu`` (etc.): the mean over the validation set's directions (one: its own scores), after
+        ``val/bleu/de-en`` (etc.) of each direction scored on its own. None rows were not decoded."""
+        valid = self.validation
+        assert valid is not None
+        scores = direction_scores(decoded, valid.references, valid.spans, moses=False)
         for direction, found in scores.items():
-            self.log(f"val/bleu/{direction}", found.bleu)
-            self.log(f"val/bleu_lc/{direction}", found.bleu_lc)
-            self.log(f"val/chrf/{direction}", found.chrf)
+            if direction in valid.scored_directions:
+                self.log(f"val/bleu/{direction}", found.bleu)
+                self.log(f"val/bleu_lc/{direction}", found.bleu_lc)
+                self.log(f"val/chrf/{direction}", found.chrf)
         means = mean_scores(scores)
         self.log("val/bleu", means["bleu"], prog_bar=True)
         self.log("val/bleu_lc", means["bleu_lc"])
@@ -302,7 +300,7 @@ class TranslationModule(pl.LightningModule):
             torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer, scheduler = build_optimizer(self.model, **self.optim_args)
+        optimizer, scheduler = build_optimizer(self.model, schedule=self.schedule, **self.optim_args)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

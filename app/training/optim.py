@@ -15,8 +15,9 @@ wall-clock budget the step count is the machine's to say: ``decay_steps=auto`` l
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,6 +61,10 @@ SCHEDULES: dict[str, Callable[..., float]] = {
 
 
 AUTO = "auto"  # optim.decay_steps=auto: the step trainer.max_time reaches, estimated while training
+NO_TIME_BUDGET = (
+    "optim.decay_steps=auto ends the decay when trainer.max_time does, but trainer.max_time is not set; "
+    "set it (DD:HH:MM:SS) or give optim.decay_steps as a step count"
+)
 
 
 @dataclass
@@ -99,6 +104,20 @@ def schedule_factor(schedule: str, warmup: int, decay_steps: int | str | None) -
     return Schedule(schedule, warmup, decay_steps)
 
 
+def configured_schedule(optim: Mapping[str, Any], max_time: Any) -> Schedule:
+    """The run's schedule from the ``optim`` config, checked once before any data is prepared: a known
+    name, a decay end above the warm-up, and with ``decay_steps=auto`` a ``trainer.max_time`` to end at.
+
+    The one object is handed to the optimizer's LambdaLR and to :class:`DecayToTimeBudget`, which moves
+    its end while training; LambdaLR checkpoints its fields, so a resume restores them into it.
+    """
+    decay_steps = optim.get("decay_steps")
+    schedule = schedule_factor(optim["schedule"], optim["warmup_steps"], decay_steps)
+    if decay_steps == AUTO and not max_time:
+        raise ValueError(NO_TIME_BUDGET)
+    return schedule
+
+
 def build_optimizer(
     model: nn.Module,
     *,
@@ -106,12 +125,10 @@ def build_optimizer(
     weight_decay: float,
     betas: tuple[float, float],
     eps: float,
-    warmup: int,
+    schedule: Schedule,
     fused: bool = False,
-    schedule: str = "inverse_sqrt",
-    decay_steps: int | str | None = None,
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
-    """AdamW without decay on biases and norms, and its warm-up schedule (see the module docstring).
+    """AdamW without decay on biases and norms, driven by ``schedule`` (see the module docstring).
 
     ``fused`` runs the whole update as one kernel per parameter group (CPU and CUDA) instead of a few
     multi-tensor ("foreach") kernels: the same arithmetic with less memory traffic.
@@ -122,5 +139,5 @@ def build_optimizer(
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     kernel = {"fused": True} if fused else {"foreach": True}
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **kernel)
-    scheduler = LambdaLR(optimizer, schedule_factor(schedule, warmup, decay_steps))
+    scheduler = LambdaLR(optimizer, schedule)
     return optimizer, scheduler

@@ -11,29 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
-from app.data.concat import concat_corpora, subword_symbols
+from app.data.corpora import Corpora, CorpusLayout
 from app.data.datamodule import TranslationDataModule
-from app.data.encoded import text_column
-from app.data.multilingual import configured_directions, tag_symbols
-from app.data.multilingual_corpus import language_samples
-from app.data.sources import load_corpora
-from app.data.subword_training import train_or_load, train_or_load_joint
-from app.data.tokenizer import SubwordConfig, SubwordSampling, Tokenizer, settings_from_config
 from app.hardware import machine_description, resolve_precision
-from app.inference.engine import SearchSettings
 from app.inference.run_scoring import score_run
 from app.inference.selection import check_selection, validation_monitor
-from app.models import build_model
-from app.ranks import launched_as_rank_zero
 from app.rundir import BEST, STEP_STEM, RunDir
+from app.training.build import prepare_process, run_model, run_module, run_tokenizers, warm_start
 from app.training.callbacks import (
-    NO_TIME_BUDGET,
     BatchSamplerEpoch,
     BatchTrace,
     DataFingerprint,
@@ -46,8 +36,7 @@ from app.training.callbacks import (
 from app.training.checkpoint_io import AtomicCheckpointIO
 from app.training.loggers import build_logger, log_results_and_close
 from app.training.module import TranslationModule
-from app.training.optim import AUTO, schedule_factor
-from app.training.warm_start import load_start, load_weights
+from app.training.optim import AUTO, Schedule, configured_schedule
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +45,7 @@ log = logging.getLogger(__name__)
 class Fit:
     """Everything ``trainer.fit`` needs, built from a config (see :func:`build_fit`)."""
 
-    corpora: dict[str, datasets.Dataset]
+    corpora: Corpora
     module: TranslationModule
     datamodule: TranslationDataModule
     trainer: pl.Trainer
@@ -70,7 +59,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """
     check_mandatory_keys(cfg)
     check_selection(cfg)
-    check_schedule(cfg)
     finished = finished_results(cfg)
     if finished is not None:
         return finished
@@ -80,7 +68,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def check_mandatory_keys(cfg: DictConfig) -> None:
     """Fail before anything runs, naming by path every mandatory value (``???``) the config leaves unset."""
     missing = sorted(unset_keys(cfg))
-    if cfg.get("data") and (cfg.data.get("directions") or cfg.data.get("pairs")):  # files come per direction
+    if cfg.get("data") and CorpusLayout.from_config(cfg.data).tagged:  # files come per direction
         missing = [key for key in missing if not key.startswith("data.files")]
     if missing:
         raise ValueError(
@@ -114,64 +102,28 @@ def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 def build_fit(cfg: DictConfig) -> Fit:
-    """Corpus, tokenizers, model, LightningModule, DataModule and Trainer for ``cfg``, ready to fit."""
-    run_dir = Path(cfg.output_dir)
-    if launched_as_rank_zero():
-        run_dir.mkdir(parents=True, exist_ok=True)
-    pl.seed_everything(cfg.seed, workers=True)
-    if cfg.get("num_threads"):
-        torch.set_num_threads(cfg.num_threads)
-    config = OmegaConf.to_container(cfg, resolve=True)
+    """Corpora, tokenizers, model, LightningModule, DataModule and Trainer for ``cfg``, ready to fit.
 
-    start = load_start(cfg.init_from, config) if cfg.get("init_from") else None  # before the data: fail fast
-    corpora = load_corpora(config["data"])
-    if start is not None:  # a warm start cuts the text into the pieces its weights were trained on
-        src_tok, tgt_tok = start.src_tokenizer, start.tgt_tokenizer
-    else:
-        src_tok, tgt_tok = subword_tokenizers(config["data"], corpora["train"])  # on sentences, not examples
-    corpora = concat_corpora(corpora, config["data"].get("concat", 1))
-    model = build_model(
-        config["model"],
-        config["attention"],
-        src_vocab_size=src_tok.vocab_size,
-        tgt_vocab_size=tgt_tok.vocab_size,
-        pad_id=tgt_tok.pad_id,
-    )
-    if start is not None:
-        load_weights(model, start, config, source=cfg.init_from)
-    log.info("model: %s parameters", f"{model.num_parameters():,}")
-    optim = dict(config["optim"])
-    if cfg.get("compile"):
-        model.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay the same
-        optim["fused_loss"] = False  # compile covers forward(); the fused loss would bypass it
-    datamodule = TranslationDataModule(
+    The schedule and a warm start are checked first, so a config that cannot run fails before any data
+    is prepared; each later step is a function of :mod:`app.training.build`.
+    """
+    config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    schedule = configured_schedule(config["optim"], config["trainer"].get("max_time"))
+    prepare_process(cfg.output_dir, cfg.seed, cfg.get("num_threads"))
+    start = warm_start(config)
+    corpora = Corpora.load(config["data"])
+    tokenizers = run_tokenizers(corpora, config["data"], start)
+    model = run_model(config, tokenizers, start)
+    datamodule = TranslationDataModule.from_config(
+        config["data"],
         corpora=corpora,
-        src_tokenizer=src_tok,
-        tgt_tokenizer=tgt_tok,
-        max_tokens=cfg.data.max_tokens,
-        max_len=cfg.data.max_len,
+        tokenizers=tokenizers,
         max_positions=model.max_positions,
-        cache_dir=Path(cfg.data.cache_dir) / "tokens",
-        eval_max_tokens=cfg.data.get("eval_max_tokens"),
-        max_ratio=cfg.data.get("max_ratio"),
         seed=cfg.seed,
-        num_proc=cfg.data.get("num_proc", 1),
-        num_workers=cfg.data.get("num_workers", 0),
-        subword_sampling=SubwordSampling.from_config(
-            config["data"].get("subword_sampling"), config["data"]["subword"].get("model_type", "unigram")
-        ),
-        sampling_temperature=cfg.data.get("sampling_temperature") or 1.0,
     )
-    module = TranslationModule(
-        model=model,
-        src_tokenizer=src_tok,
-        tgt_tokenizer=tgt_tok,
-        config=config,
-        valid_search=SearchSettings(**config["valid_search"]),
-        nonfinite_loss=cfg.get("nonfinite_loss", "stop"),
-        **optim,
-    )
-    return Fit(corpora, module, datamodule, build_trainer(cfg, run_dir), RunDir(run_dir))
+    module = run_module(config, model, tokenizers, corpora, schedule)
+    run_dir = Path(cfg.output_dir)
+    return Fit(corpora, module, datamodule, build_trainer(cfg, run_dir, schedule), RunDir(run_dir))
 
 
 def fit_and_evaluate(fit: Fit, cfg: DictConfig) -> dict[str, Any]:
@@ -206,33 +158,6 @@ def final_checkpoint(trainer: pl.Trainer) -> Path:
     return last
 
 
-def subword_tokenizers(data_cfg: dict[str, Any], train: datasets.Dataset) -> tuple[Tokenizer, Tokenizer]:
-    """The sentencepiece models for this corpus and settings: trained once, then loaded from the cache.
-
-    A multilingual run trains one joint model on a sample balanced across its languages, with every
-    target-language tag as a user-defined symbol (:mod:`app.data.multilingual`).
-    """
-    directions = configured_directions(data_cfg)
-    if directions is not None:
-        config = settings_from_config(
-            SubwordConfig, tag_symbols(data_cfg["subword"], directions), "data.subword"
-        )
-        parts = language_samples(data_cfg, directions, config.input_sentence_size, config.seed)
-        joint = train_or_load_joint(
-            parts, config=config, cache_dir=Path(data_cfg["cache_dir"]) / "spm", corpus_key="multilingual"
-        )
-        return joint, joint
-    return train_or_load(
-        src_texts=text_column(train, "src"),
-        tgt_texts=text_column(train, "tgt"),
-        config=settings_from_config(
-            SubwordConfig, subword_symbols(data_cfg["subword"], data_cfg.get("concat", 1)), "data.subword"
-        ),
-        cache_dir=Path(data_cfg["cache_dir"]) / "spm",
-        corpus_key=f"{data_cfg['src_lang']}-{data_cfg['tgt_lang']}",
-    )
-
-
 def run_statistics(trainer: pl.Trainer, module: TranslationModule, fit_seconds: float) -> dict[str, Any]:
     """Size, length and cost of the run, for results.json."""
     return {
@@ -257,14 +182,15 @@ def peak_gpu_memory(device: torch.device) -> dict[str, int]:
     return {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(device) / 2**20)}
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
-    """A Lightning Trainer from ``cfg.trainer`` plus this project's callbacks, logger and checkpoint I/O."""
+def build_trainer(cfg: DictConfig, run_dir: Path, schedule: Schedule | None = None) -> pl.Trainer:
+    """A Lightning Trainer from ``cfg.trainer`` plus this project's callbacks, logger and checkpoint I/O
+    (``schedule``: the learning-rate schedule a ``decay_steps=auto`` callback moves the end of)."""
     options = OmegaConf.to_container(cfg.trainer, resolve=True)
     check_trainer_options(options)
     options["precision"] = resolve_precision(
         options.get("precision", "32-true"), str(options.get("accelerator"))
     )
-    callbacks = [*checkpoint_callbacks(cfg, run_dir), *training_callbacks(cfg, run_dir)]
+    callbacks = [*checkpoint_callbacks(cfg, run_dir), *training_callbacks(cfg, run_dir, schedule)]
     if options.get("enable_progress_bar", True):
         callbacks.append(RichProgressBar())
     return pl.Trainer(
@@ -309,8 +235,9 @@ def checkpoint_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     return [best, steps]
 
 
-def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
-    """Learning-rate and elapsed-time logging, batch order and resume state, early stopping, batch tracing."""
+def training_callbacks(cfg: DictConfig, run_dir: Path, schedule: Schedule | None = None) -> list[pl.Callback]:
+    """Learning-rate and elapsed-time logging, batch order and resume state, early stopping, batch tracing;
+    with ``optim.decay_steps=auto``, the callback that ends ``schedule`` with the time budget."""
     callbacks: list[pl.Callback] = [
         BatchSamplerEpoch(),
         SamplerPosition(),
@@ -319,8 +246,8 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
         SameRunDirectory(run_dir),
         ElapsedTime(),
     ]
-    if cfg.optim.get("decay_steps") == AUTO:
-        callbacks.append(DecayToTimeBudget())
+    if schedule is not None and cfg.optim.get("decay_steps") == AUTO:
+        callbacks.append(DecayToTimeBudget(schedule))
     if cfg.logger and cfg.logger.get("kind"):  # Lightning refuses a learning-rate monitor without a logger
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.early_stopping.patience:
@@ -336,14 +263,6 @@ def training_callbacks(cfg: DictConfig, run_dir: Path) -> list[pl.Callback]:
     if trace:
         callbacks.append(BatchTrace(trace))
     return callbacks
-
-
-def check_schedule(cfg: DictConfig) -> None:
-    """Refuse, before any data is prepared, a learning-rate schedule that could not run to its end."""
-    decay_steps = cfg.optim.get("decay_steps")
-    schedule_factor(cfg.optim.schedule, cfg.optim.warmup_steps, decay_steps)
-    if decay_steps == AUTO and not cfg.trainer.get("max_time"):
-        raise ValueError(NO_TIME_BUDGET)
 
 
 def check_trainer_options(options: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.checkpoint import CheckpointError, LoadedModel, load_model
-from app.data.concat import SEPARATOR
+from app.data.corpora import CorpusLayout
 from app.data.multilingual import Languages, language_tag
 from app.data.tokenizer import Tokenizer
 from app.models.seq2seq import Seq2Seq
@@ -35,8 +35,9 @@ def load_start(path: str, config: Mapping[str, Any]) -> LoadedModel:
     """The model and tokenizers of checkpoint ``path``, checked to suit the run ``config`` describes."""
     check_exists(path, config)
     start = load_model(path)
-    check_languages(config, start, source=path)
-    check_separator(config, start, source=path)
+    layout = CorpusLayout.from_config(config.get("data") or {})
+    check_languages(layout, start, source=path)
+    check_separator(layout, start, source=path)
     log.info(
         "init_from=%s: starting from its weights and tokenizers (%s parameters); data.subword is not used",
         path,
@@ -61,24 +62,23 @@ def check_exists(path: str, config: Mapping[str, Any]) -> None:
     raise CheckpointError(f"init_from={path}: no such checkpoint")
 
 
-def check_separator(config: Mapping[str, Any], start: LoadedModel, *, source: str) -> None:
+def check_separator(layout: CorpusLayout, start: LoadedModel, *, source: str) -> None:
     """Refuse to fine-tune on joined examples (``data.concat`` > 1) with tokenizers that cannot write
     their separator as one piece: the separator would become unknown pieces, and the translations could
     not be split back into sentences. A single-sentence model has it when trained with
     ``data.subword.user_defined_symbols=[<sep>]`` (conf/experiment/ablation_length.yaml does)."""
-    k = int((config.get("data") or {}).get("concat") or 1)
-    tokenizers = (start.src_tokenizer, start.tgt_tokenizer)
-    if k > 1 and not all(is_one_piece(tokenizer, SEPARATOR) for tokenizer in tokenizers):
+    sep, tokenizers = layout.separator, (start.src_tokenizer, start.tgt_tokenizer)
+    if sep is not None and not all(is_one_piece(tokenizer, sep) for tokenizer in tokenizers):
         raise CheckpointError(
-            f"init_from={source}: its tokenizers have no {SEPARATOR} piece, which data.concat={k} joins "
-            f"sentences with; train the start model with data.subword.user_defined_symbols=[{SEPARATOR}]"
+            f"init_from={source}: its tokenizers have no {sep} piece, which data.concat={layout.concat} "
+            f"joins sentences with; train the start model with data.subword.user_defined_symbols=[{sep}]"
         )
 
 
-def check_languages(config: Mapping[str, Any], start: LoadedModel, *, source: str) -> None:
+def check_languages(layout: CorpusLayout, start: LoadedModel, *, source: str) -> None:
     """Refuse a warm start whose sources would carry tags the start model never saw, or would lack the
     tags it was trained to read."""
-    ours, theirs = Languages.from_config(config), Languages.from_config(start.config)
+    ours, theirs = Languages(layout.scored_directions, layout.tagged), Languages.from_config(start.config)
     if theirs.tagged and not ours.tagged:
         raise CheckpointError(
             f"init_from={source} was trained with target-language tags ({theirs.describe()}); give "

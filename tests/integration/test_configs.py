@@ -17,8 +17,10 @@ from app.attention import AttentionConfigError, MultiHeadAttention
 from app.data.tokenizer import SubwordConfig
 from app.inference.engine import SearchSettings
 from app.models import build_model
+from app.training.build import SCHEDULE_KEYS
 from app.training.loggers import LOGGERS
 from app.training.module import TranslationModule
+from app.training.optim import configured_schedule
 from app.training.task import check_trainer_options
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -40,8 +42,9 @@ def check_composed(cfg: DictConfig) -> None:
     SubwordConfig(**config["data"]["subword"])
     SearchSettings(**config["valid_search"])
     SearchSettings(**config["test_search"])
-    optim_args = set(inspect.signature(TranslationModule.__init__).parameters)
+    optim_args = set(inspect.signature(TranslationModule.__init__).parameters) | set(SCHEDULE_KEYS)
     assert set(config["optim"]) <= optim_args, set(config["optim"]) - optim_args
+    configured_schedule(config["optim"], config["trainer"].get("max_time"))  # what build_fit checks first
     assert config["logger"]["kind"] in LOGGERS
 
     torch.manual_seed(0)

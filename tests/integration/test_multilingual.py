@@ -20,8 +20,8 @@ from helpers.training import compose_train, logged_column, tiny_overrides
 from omegaconf import OmegaConf
 
 from app.checkpoint import CHECKPOINT_KEY, CheckpointError, read_checkpoint, save_atomically
-from app.data.multilingual import DIRECTION_COLUMN, direction_codes, direction_spans, temperature_rows
-from app.data.sources import load_corpora
+from app.data.corpora import Corpora
+from app.data.multilingual import DIRECTION_COLUMN, temperature_rows
 from app.inference.cli import main
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
@@ -30,7 +30,8 @@ from app.inference.run_scoring import rescore_run
 from app.inference.translator import Translator
 from app.reports.multilingual import build_report
 from app.serving import ServerLimits, create_app
-from app.training.task import build_fit, subword_tokenizers, train
+from app.training.build import subword_tokenizers
+from app.training.task import build_fit, train
 
 LANGS = ("en", "de", "fr", "cs")
 DIRECTIONS = ["de-en", "en-de", "en-fr"]
@@ -73,12 +74,13 @@ def custom_pairs(corpus: Path, sizes: dict[str, int], out: Path) -> dict[str, An
 
 def test_custom_pairs_of_unequal_size_are_mixed_by_temperature(four_way: Path, tmp_path: Path) -> None:
     pairs = custom_pairs(four_way, {"de-en": 300, "en-fr": 100}, tmp_path)
-    corpora = load_corpora({"pairs": pairs, "cache_dir": str(tmp_path / "cache"), "directions": None})
-    train = corpora["train"]
+    corpora = Corpora.load({"pairs": pairs, "cache_dir": str(tmp_path / "cache"), "directions": None})
+    train = corpora["train"].texts
     assert train.num_rows == 400 and DIRECTION_COLUMN in train.column_names
-    assert direction_spans(corpora["valid"]) == [("de-en", 0, 20), ("en-fr", 20, 40)]
+    assert corpora["valid"].spans == (("de-en", 0, 20), ("en-fr", 20, 40))
     assert train[0]["src"].startswith("<2en> ") and train[399]["src"].startswith("<2fr> ")
-    codes, names = direction_codes(train)
+    codes, names = corpora["train"].direction_codes()
+    assert train[DIRECTION_COLUMN] == [names[code] for code in codes]  # the spans match the rows' own column
     rows = np.arange(train.num_rows)
 
     def share(temperature: float) -> float:  # of de-en among the drawn rows
@@ -100,11 +102,9 @@ def test_the_joint_model_keeps_every_tag_one_piece(four_way: Path, tmp_path: Pat
     )
     config = {**dict(data.data), "subword": dict(data.data.subword), "languages": list(data.data.languages)}
     config["lang_files"] = dict(data.data.lang_files)
-    corpora = load_corpora(config)
-    assert [span[0] for span in direction_spans(corpora["test"])] == [
-        f"{a}-{b}" for a in LANGS for b in LANGS if a != b
-    ]
-    src_tok, tgt_tok = subword_tokenizers(config, corpora["train"])
+    corpora = Corpora.load(config)
+    assert [span[0] for span in corpora["test"].spans] == [f"{a}-{b}" for a in LANGS for b in LANGS if a != b]
+    src_tok, tgt_tok = subword_tokenizers(corpora, config)
     assert src_tok is tgt_tok
     for lang in LANGS:
         ids = src_tok.encode([f"<2{lang}> A man rides a bike."])[0]

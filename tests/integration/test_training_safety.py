@@ -30,7 +30,7 @@ from app.inference.engine import SearchSettings
 from app.inference.translator import load_translator
 from app.training.losses import label_smoothed_nll
 from app.training.module import NonFiniteLossError
-from app.training.optim import build_optimizer
+from app.training.optim import Schedule, build_optimizer
 from app.training.task import build_fit, fit_and_evaluate, train
 
 SLICE = {"train": 400, "val": 40, "test_2016_flickr": 20}
@@ -226,7 +226,13 @@ def test_accumulated_step_has_the_gradient_of_one_big_batch(
 
 def test_fused_adamw_updates_like_foreach(make_transformer: Callable[..., torch.nn.Module]) -> None:
     models = [make_transformer(seed=3).train() for _ in range(2)]
-    settings = {"lr": 1e-2, "weight_decay": 0.01, "betas": (0.9, 0.98), "eps": 1e-9, "warmup": 1}
+    settings = {
+        "lr": 1e-2,
+        "weight_decay": 0.01,
+        "betas": (0.9, 0.98),
+        "eps": 1e-9,
+        "schedule": Schedule("inverse_sqrt", 1),
+    }
     src, tgt = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 8, 9]])
     for fused, model in zip((False, True), models, strict=True):
         optimizer, _ = build_optimizer(model, fused=fused, **settings)

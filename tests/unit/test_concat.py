@@ -7,7 +7,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-from app.data.concat import SEPARATOR, concat_pairs, group_starts, split_at_separator, subword_symbols
+from app.data.concat import SEPARATOR, concat_pairs, group_starts, split_at_separator
+from app.data.corpora import CorpusLayout
 from app.data.subword_training import train_or_load
 from app.data.tokenizer import SubwordConfig
 from app.inference.metrics import corpus_scores, joined_scores
@@ -75,14 +76,16 @@ def test_group_starts_restart_with_every_document(k: int) -> None:
 
 def test_the_separator_is_one_piece_of_the_trained_tokenizer(tmp_path: Path) -> None:
     texts = [f"a small sentence number {i} about dogs and cats" for i in range(200)]
-    settings = SubwordConfig(**subword_symbols({"vocab_size": 60, "model_type": "bpe"}, k=4))
+    joined = CorpusLayout.from_config({"src_lang": "x", "tgt_lang": "y", "concat": 4})
+    settings = SubwordConfig(**joined.subword_settings({"vocab_size": 60, "model_type": "bpe"}))
     src, _ = train_or_load(
         src_texts=texts, tgt_texts=texts, config=settings, cache_dir=tmp_path, corpus_key="x-y"
     )
     ids = src.encode([f"dogs {SEPARATOR} cats"])[0]
     assert SEPARATOR in src.id_to_piece(ids)
     assert src.decode([ids])[0] == f"dogs {SEPARATOR} cats"
-    assert subword_symbols({"vocab_size": 60}, k=1) == {"vocab_size": 60}  # K = 1: the settings unchanged
+    single = CorpusLayout.from_config({"src_lang": "x", "tgt_lang": "y", "concat": 1})
+    assert single.subword_settings({"vocab_size": 60}) == {"vocab_size": 60}  # K = 1: the settings unchanged
 
 
 def test_joined_scores_ignore_separators_and_score_the_outputs_that_split_like_their_reference() -> None:

@@ -8,13 +8,12 @@ import datasets
 import numpy as np
 import pytest
 
+from app.data.corpora import CorpusLayout
 from app.data.multilingual import (
     LanguageError,
     Languages,
-    direction_spans,
     language_tag,
     parse_directions,
-    tag_symbols,
     tagged_split,
     temperature_probabilities,
 )
@@ -44,9 +43,10 @@ def test_directions_parse_from_a_list_or_all() -> None:
 
 def test_tags_become_user_defined_symbols_once() -> None:
     subword = {"vocab_size": 100, "user_defined_symbols": ["<sep>"]}
-    symbols = tag_symbols(subword, ["en-de", "fr-de", "de-en"])["user_defined_symbols"]
-    assert symbols == ["<sep>", "<2de>", "<2en>"]
-    assert tag_symbols(subword, None) == subword
+    tagged = CorpusLayout.from_config({"directions": ["en-de", "fr-de", "de-en"]})
+    assert tagged.subword_settings(subword)["user_defined_symbols"] == ["<sep>", "<2de>", "<2en>"]
+    untagged = CorpusLayout.from_config({"src_lang": "de", "tgt_lang": "en", "directions": None})
+    assert untagged.subword_settings(subword) == subword and untagged.symbols == []
 
 
 def test_a_multilingual_model_needs_a_target_it_knows_and_names_its_languages() -> None:
@@ -74,7 +74,7 @@ def test_tagging_keeps_blank_sources_blank() -> None:
     pairs = datasets.Dataset.from_dict({"src": ["A dog.", "", "  "], "tgt": ["Ein Hund.", "", ""]})
     split = tagged_split(pairs, "en-de")
     assert split["src"] == ["<2de> A dog.", "", "  "] and split["tgt"] == pairs["tgt"]
-    assert direction_spans(split) == [("en-de", 0, 3)] and direction_spans(pairs) is None
+    assert split["direction"] == ["en-de"] * 3 and "direction" not in pairs.column_names
     assert tagged(["A dog.", ""], "<2de>") == ["<2de> A dog.", ""] and tagged(["x"], None) == ["x"]
 
 

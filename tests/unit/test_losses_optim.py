@@ -17,6 +17,7 @@ from app.training.losses import _SymmetricKL, label_smoothed_nll, symmetric_kl
 from app.training.optim import (
     AUTO,
     SCHEDULES,
+    Schedule,
     build_optimizer,
     cosine_factor,
     inverse_sqrt_factor,
@@ -194,7 +195,12 @@ def optimizer_and_scheduler(
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
     """AdamW at a peak of 2e-3 after 3 warm-up steps, with the given schedule."""
     return build_optimizer(
-        model, lr=2e-3, weight_decay=0.0, betas=(0.9, 0.98), eps=1e-9, warmup=3, **schedule
+        model,
+        lr=2e-3,
+        weight_decay=0.0,
+        betas=(0.9, 0.98),
+        eps=1e-9,
+        schedule=schedule_factor(schedule["schedule"], 3, schedule["decay_steps"]),
     )
 
 
@@ -253,7 +259,7 @@ def test_steps_within_budget_extrapolates_the_rate_and_never_goes_back() -> None
 def test_scheduler_follows_the_factor(make_transformer: Callable[..., Transformer]) -> None:
     model = make_transformer()
     optimizer, scheduler = build_optimizer(
-        model, lr=2e-3, weight_decay=0.0, betas=(0.9, 0.98), eps=1e-9, warmup=4
+        model, lr=2e-3, weight_decay=0.0, betas=(0.9, 0.98), eps=1e-9, schedule=Schedule("inverse_sqrt", 4)
     )
     seen = []
     for _ in range(8):
@@ -269,7 +275,9 @@ def test_optimizer_groups_exclude_biases_and_norms_from_decay(
 ) -> None:
     model = make_transformer(tie_embeddings=True, share_src_tgt_embeddings=True)
     model.encoder[0].ffn[0].bias.requires_grad_(False)  # frozen parameters are left out
-    optimizer, _ = build_optimizer(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.98), eps=1e-9, warmup=10)
+    optimizer, _ = build_optimizer(
+        model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.98), eps=1e-9, schedule=Schedule("inverse_sqrt", 10)
+    )
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     decay_ids = {id(p) for p in decay["params"]}

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from app.data.batch import Collator
 from app.data.batching import TokenBucketBatchSampler
+from app.data.corpora import Corpora
 from app.data.corpus import open_parallel
 from app.data.datamodule import TranslationDataModule
 from app.data.encoded import EncodedPairs, ResampledPairs, encode_split
@@ -126,7 +127,7 @@ def test_only_training_batches_are_sampled(
 ) -> None:
     def datamodule(sampling: SubwordSampling | None) -> TranslationDataModule:
         module = TranslationDataModule(
-            corpora={"train": corpus, "valid": corpus},
+            corpora=Corpora.of_texts({"train": corpus, "valid": corpus}),
             src_tokenizer=spm_tokenizer,
             tgt_tokenizer=spm_tokenizer,
             max_tokens=500,
