@@ -224,6 +224,20 @@ def write_compact(record: Path, parts: dict[str, RunParts], hyps: dict[str, list
     return written
 
 
+def unpack_hypotheses(record: str | Path) -> list[Path]:
+    """Write each job's test translations of the compact record ``record`` where its run directory held
+    them, ``<record>/test.hyp`` (a record of one run) or ``<record>/<job>/test.hyp``, for tools that read
+    files (``sacrebleu -i``); returns the files written. Git ignores them."""
+    packed = CompactRecord(record)
+    written = []
+    for job, lines in packed.hypotheses.items():
+        path = RunDir(packed.root / job).hypotheses
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        written.append(path)
+    return written
+
+
 def _packed_files(run: Path) -> list[Path]:
     """The files of run directory ``run`` that a compact record holds (the others stay)."""
     files = RunDir(run)

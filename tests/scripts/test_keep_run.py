@@ -179,3 +179,18 @@ def test_the_script_records_a_sweep_directory(tmp_path: Path) -> None:
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert refused.returncode == 2 and "--extra names more files of a run" in refused.stderr
+
+
+def test_unpack_writes_each_jobs_translations_where_its_directory_held_them(tmp_path: Path) -> None:
+    keep_sweep(fake_sweep(tmp_path / "sweep"), tmp_path / "rec")
+    keep_run(fake_run(tmp_path / "run"), tmp_path / "one")
+    done = subprocess.run(
+        [sys.executable, "scripts/keep_run.py", "--unpack-hyp", str(tmp_path / "rec"), str(tmp_path / "one")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    jobs = ("rec/attention=eager,seed=1", "rec/attention=linear,seed=1", "one")
+    written = [tmp_path / job / "test.hyp" for job in jobs]
+    assert done.stdout.splitlines() == list(map(str, written))
+    assert all(path.read_text() == "ein Hund .\nzwei Katzen .\n" for path in written)
+    assert read_run(tmp_path / "one").hypotheses == ["ein Hund .", "zwei Katzen ."]  # still the record
