@@ -158,21 +158,29 @@ def _dir_run(run: Path) -> StoredRun | None:
     return StoredRun(path=run, parts=parts, hypotheses_file=hyps, read_hypotheses=lambda: dir_hypotheses(run))
 
 
+def _own_run(path: Path) -> StoredRun | None:
+    """The run stored at ``path`` itself: a run directory or a compact record of one run."""
+    if (run := _dir_run(path)) is not None:
+        return run
+    if is_compact(path) and THIS_RUN in (packed := CompactRecord(path)).jobs:
+        return packed.run(THIS_RUN)
+    return None
+
+
 def stored_run(path: str | Path) -> StoredRun | None:
     """The one run at ``path``: a run directory, a compact record of one run, or ``<record>/<job>`` for a
     job of a compact record; None when ``path`` is none of these (a sweep, say)."""
     path = Path(path)
-    if (run := _dir_run(path)) is not None:
+    if (run := _own_run(path)) is not None:
         return run
-    for record, job in ((path, THIS_RUN), (path.parent, path.name)):
-        if is_compact(record) and job in (packed := CompactRecord(record)).jobs:
-            return packed.run(job)
+    if is_compact(path.parent) and path.name in (packed := CompactRecord(path.parent)).jobs:
+        return packed.run(path.name)
     return None
 
 
 def stored_runs(path: str | Path) -> list[StoredRun]:
-    """Every run at ``path``, sorted by name: the run itself, a compact record's jobs, or each job
-    directory of a sweep directory (both, where a sweep directory holds a compact record and new jobs)."""
+    """Every run at ``path``, sorted by name: the run itself, or a compact record's jobs and the runs in
+    its directories (job directories of a live sweep, or one-run records kept into a sweep's record)."""
     path = Path(path)
     if (run := stored_run(path)) is not None:
         return [run]
@@ -181,7 +189,7 @@ def stored_runs(path: str | Path) -> list[StoredRun]:
         packed = CompactRecord(path)
         runs += [packed.run(job) for job in packed.jobs]
     if path.is_dir():
-        runs += [run for p in path.iterdir() if p.is_dir() and (run := _dir_run(p)) is not None]
+        runs += [run for p in path.iterdir() if p.is_dir() and (run := _own_run(p)) is not None]
     return sorted(runs, key=lambda run: run.path)
 
 

@@ -194,3 +194,13 @@ def test_unpack_writes_each_jobs_translations_where_its_directory_held_them(tmp_
     assert done.stdout.splitlines() == list(map(str, written))
     assert all(path.read_text() == "ein Hund .\nzwei Katzen .\n" for path in written)
     assert read_run(tmp_path / "one").hypotheses == ["ein Hund .", "zwei Katzen ."]  # still the record
+
+
+def test_a_run_kept_into_a_sweeps_record_is_one_of_its_jobs(tmp_path: Path) -> None:
+    """docs/ablation.md adds late jobs so: keep_run.py RUN RECORD/JOB beside the record's packed jobs."""
+    keep_sweep(fake_sweep(tmp_path / "sweep"), tmp_path / "rec")
+    keep_run(fake_run(tmp_path / "late"), tmp_path / "rec" / "attention=sdpa,seed=1")
+    names = [run.name for run in read_runs(tmp_path / "rec")]
+    assert names == ["attention=eager,seed=1", "attention=linear,seed=1", "attention=lsh,seed=1",
+                     "attention=sdpa,seed=1"]  # fmt: skip
+    assert read_run(tmp_path / "rec" / "attention=sdpa,seed=1").status == "finished"
