@@ -204,13 +204,12 @@ def headline_table(report_md: Path) -> str:
 @pytest.mark.parametrize(
     ("quoted_in", "sweep"),
     [
-        ("README.md", "transformer_gpu_2min"),
         ("docs/ablation.md", "transformer_gpu_2min"),
         ("docs/ablation.md", "transformer_cpu_4min"),
         ("docs/ablation.md", "rnn_3min"),
     ],
 )
 def test_the_docs_quote_the_committed_reports_as_written(quoted_in: str, sweep: str) -> None:
-    """The ablation tables in the README and docs are the reports' headline tables, not hand-made copies."""
+    """The ablation tables in the docs are the reports' headline tables, not hand-made copies."""
     table = headline_table(REPO_ROOT / "docs/ablation" / sweep / "report.md")
     assert table in (REPO_ROOT / quoted_in).read_text()
