@@ -15,13 +15,17 @@ RECIPE ?=
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
-install: $(VENV)/.installed  ## create the venv: torch 2.13.0 (CPU build) first, then the project
+install: $(VENV)/.installed  ## create the venv: torch 2.13.0 first (it prints which build: CPU or CUDA), then the project
 
+# torch==2.13.0 comes from pip's configured index: a plain Linux x86-64 machine gets PyPI's CUDA build
+# (it runs on CPUs too); a pip configured with the +cpu wheel (an index or find-links) gets the CPU build.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	@$(PY) -c "import torch; print('installed torch', torch.__version__, '-', \
+		f'CUDA build (CUDA {torch.version.cuda})' if torch.version.cuda else 'CPU build (no CUDA)')"
 	touch $@
 
 data: install  ## prepare Multi30k under data/multi30k (copy from MULTI30K_SOURCE or download)
@@ -48,14 +52,14 @@ format: install  ## apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-bench:  ## attention benchmark: time and memory vs length for every kernel (CSV + PNG in docs/bench)
+bench: install  ## attention benchmark: time and memory vs length for every kernel (CSV + PNG in docs/bench)
 	$(PY) scripts/bench_attention.py --device cpu
 
 CKPT ?= $(RUN_DIR)/checkpoints/best.ckpt
-bench-decode:  ## decoding sentences/s of CKPT (greedy and beam 5) on its test set
+bench-decode: install  ## decoding sentences/s of CKPT (greedy and beam 5) on its test set
 	$(PY) scripts/bench_decode.py $(CKPT) --beams 1 5
 
-bench-engines:  ## decoding speed and BLEU of CKPT: torch fp32/bf16 against CTranslate2 fp32/int8
+bench-engines: install  ## decoding speed and BLEU of CKPT: torch fp32/bf16 against CTranslate2 fp32/int8
 	$(PY) scripts/bench_engines.py $(CKPT)
 
 bench-train: install  ## training tokens/s and peak memory of the quickstart config (BENCH_ARGS: more overrides)
@@ -85,10 +89,10 @@ ablation-length: data  ## sweep (c): 7 attention choices x input lengths (data.c
 FT_CONCAT ?= 4,16,64
 ifneq ($(filter ablation-length-ft,$(MAKECMDGOALS)),)
 ifndef FROM
-$(error make ablation-length-ft needs FROM=<the scratch sweep dir of make ablation-length>)
+$(error make ablation-length-ft needs FROM=<the sweep dir of make ablation-length>, e.g. FROM=multirun/ablation/<date_time>)
 endif
 endif
-ablation-length-ft: data  ## its fine-tune arm: each job starts from FROM's data.concat=1 job (same attention, seed)
+ablation-length-ft: data  ## its fine-tune arm, needs FROM=<ablation-length's sweep dir>: each job starts from its K=1 job
 	$(PY) train.py -m experiment=ablation_length_finetune from_sweep=$(FROM) \
 		attention=eager,sdpa,sparse,linear,linformer,lsh,long_mix data.concat=$(FT_CONCAT) seed=1,2,3 \
 		hydra.sweep.dir=$(SWEEP) resume=true

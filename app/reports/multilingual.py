@@ -23,7 +23,7 @@ from app.data.corpus import read_lines
 from app.data.multilingual import configured_directions, parse_direction
 from app.data.multilingual_corpus import direction_files
 from app.inference.metrics import corpus_scores
-from app.reports.runs import RunRecord, describe_machine, plain_or_packed, read_run, read_text
+from app.reports.runs import RunRecord, describe_machine, read_run, read_text
 from app.reports.significance import SAMPLES, SEED, SIGNIFICANCE, paired_bootstrap
 
 RECORDED_TOLERANCE = 0.011  # results.json keeps scores rounded to 2 decimals
@@ -63,11 +63,12 @@ def reference_lines(path: Path, cache: dict[Path, list[str]]) -> list[str]:
 
 
 def hypothesis_file(run: RunRecord) -> tuple[Path, list[str]]:
-    """The run's test.hyp (or test.hyp.gz) and its lines."""
+    """The file the run's test translations are read from (test.hyp, test.hyp.gz or a compact record's
+    hypotheses.jsonl.gz) and their lines."""
     lines = run.hypotheses
     if lines is None:
         raise ValueError(f"{run.path}: no {run.files.hypotheses.name} (status: {run.status})")
-    return plain_or_packed(run.files.hypotheses), lines
+    return run.hypotheses_file, lines
 
 
 def split_by_direction(

@@ -1,18 +1,20 @@
 """A run record: what a reader needs of one finished run, small enough to commit (docs/results/).
 
-``keep_run(run, record)`` copies from a run directory (:class:`app.rundir.RunDir`) its composed config
-and command line (``.hydra/config.yaml``, ``overrides.yaml``), ``results.json``, the logged metrics and
-the test translations (gzipped: ``csv/metrics.csv.gz``, ``test.hyp.gz``; every reader here takes either
-form) and the console log, shortened to its first and last lines when long. Extra files the run holds
-(a zero-shot translation, say) are kept when named, gzipped alike. Checkpoints never are.
+``keep_run(run, record)`` keeps from a run directory (:class:`app.rundir.RunDir`) its composed config
+and command line (``.hydra/config.yaml``, ``overrides.yaml``), ``results.json``, the logged metrics, the
+test translations and the console log, shortened to its first and last lines when long, all packed in
+the record's compact files (:mod:`app.reports.layout`: ``runs.jsonl.gz``, ``hypotheses.jsonl.gz``;
+every reader here takes a record as it takes a run directory). Extra files the run holds (a zero-shot
+translation, say) are kept beside them when named, gzipped. Checkpoints never are.
 
-``keep_sweep(sweep, record)`` does the same for a whole Hydra sweep (docs/ablation/<name>/): every job
-directory's parts (a failed or unfinished job's config, ``FAILED`` file and log, so the report names it),
-and the sweep's own report files, figures and measurement caches (``decode_speed.json``,
+``keep_sweep(sweep, record)`` does the same for a whole Hydra sweep (docs/ablation/<name>/): every job's
+parts (a failed or unfinished job's config, ``FAILED`` file and log, so the report names it) in the same
+two files, and the sweep's own report files, figures and measurement caches (``decode_speed.json``,
 ``attention_maps.json``), so ``scripts/report.py <record>`` regenerates the report without checkpoints.
 
 The record is assembled in a temporary directory beside its destination and renamed into place, so an
-interrupted copy leaves nothing half-made; an existing record is never overwritten.
+interrupted copy leaves nothing half-made; an existing record is never overwritten. ``compact_record``
+packs a record written job by job (before the compact form) in place.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from app.reports.runs import is_run_dir
+from app.reports.layout import compact
 from app.rundir import CONFIG, FAILED, HYPOTHESES, LOG, METRICS, RESULTS, RunDir
 
 LOG_HEAD, LOG_TAIL = 30, 50  # lines of a long log a record keeps
@@ -54,7 +56,7 @@ def keep_sweep(sweep: str | Path, record: str | Path) -> list[Path]:
     finished or not (a failed job keeps its ``FAILED`` file), beside the sweep's :data:`SWEEP_FILES` and
     PNG figures."""
     source = Path(sweep)
-    jobs = sorted(p for p in source.iterdir() if is_run_dir(p)) if source.is_dir() else []
+    jobs = sorted(p for p in source.iterdir() if RunDir(p).config.is_file()) if source.is_dir() else []
     if not jobs:
         raise RecordError(
             f"{sweep} is neither a finished run nor a sweep: no {CONFIG} in it or in a directory in it"
@@ -72,14 +74,26 @@ def keep_sweep(sweep: str | Path, record: str | Path) -> list[Path]:
     return _assemble(Path(record), copy)
 
 
+def compact_record(record: str | Path) -> list[Path]:
+    """Pack the record ``record``, written job by job, into its compact files in place (see
+    :func:`app.reports.layout.compact`); returns the files written."""
+    try:
+        return compact(record)
+    except ValueError as err:
+        raise RecordError(str(err)) from err
+
+
 def _assemble(record: Path, copy: Callable[[Path], list[Path]]) -> list[Path]:
-    """``copy(tmp)`` into a temporary directory beside ``record``, renamed to ``record`` when complete."""
+    """``copy(tmp)`` into a temporary directory beside ``record``, packed in its compact files and
+    renamed to ``record`` when complete; returns the files the record holds."""
     if record.exists():
         raise RecordError(f"{record} exists; choose another name or remove it first")
     record.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=record.parent, prefix=f".{record.name}-"))
     try:
-        written = copy(tmp)
+        copy(tmp)
+        compact(tmp)
+        written = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
         tmp.rename(record)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,18 +1,17 @@
-"""One run directory, read once: what was trained, what it logged, what it scored, and how it ended.
+"""One run, read once: what was trained, what it logged, what it scored, and how it ended.
 
-The files of a run directory are named in :mod:`app.rundir`: the composed config, the CSV logger's rows,
+A run is stored as a run directory (:mod:`app.rundir`: the composed config, the CSV logger's rows,
 ``results.json`` (written when training and the test evaluation finished), the test translations, the
-console log and, for a sweep job that raised, ``FAILED`` (its exit and error output, see
-:func:`app.training.sweep.record_child_failure`). Every report script reads runs through :func:`read_run`;
-a :class:`RunRecord` is what was read, not the training task's ``Run`` (:mod:`app.training.task`).
+console log and, for a sweep job that raised, ``FAILED``, see :func:`app.training.sweep.record_child_failure`)
+or as one job of a compact record (:mod:`app.reports.layout`, the form committed under ``docs/``). Every
+report script reads runs through :func:`read_run` and :func:`read_runs`, which take either; a
+:class:`RunRecord` is what was read, not the training task's ``Run`` (:mod:`app.training.task`).
 """
 
 from __future__ import annotations
 
 import csv
-import gzip
 import io
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,10 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
+from app.reports.layout import StoredRun, dir_hypotheses, plain_or_packed, read_text, stored_run, stored_runs
 from app.rundir import CONFIG, RunDir
+
+__all__ = ["RunRecord", "is_run_dir", "plain_or_packed", "read_run", "read_runs", "read_text"]
 
 WALLCLOCK = "wallclock.csv"  # unix_time,[epoch,]step samples: runs older than the time/elapsed_min metric
 ERROR_MARKERS = ("Traceback (most recent call last)", "Error executing job")
@@ -29,7 +31,8 @@ ERROR_MARKERS = ("Traceback (most recent call last)", "Error executing job")
 
 @dataclass
 class RunRecord:
-    """A run directory's contents; missing files read as empty (see :attr:`status`)."""
+    """A run's contents, from its directory or its compact record; missing parts read as empty (see
+    :attr:`status`)."""
 
     path: Path
     config: dict[str, Any]
@@ -37,6 +40,7 @@ class RunRecord:
     results: dict[str, Any] | None
     log_tail: str = field(repr=False)  # the last lines of train.log, to say why a run failed
     error: str | None = field(default=None, repr=False)  # the FAILED file: how the job ended, its stderr
+    stored: StoredRun | None = field(default=None, repr=False, compare=False)  # where it was read from
 
     @property
     def name(self) -> str:
@@ -67,17 +71,27 @@ class RunRecord:
         return statistics.median(rates) if rates else None
 
     @property
+    def stored_as(self) -> StoredRun | None:
+        """Where the run was read from; looked up for a record built by hand (``scripts/plot_curves.py``)."""
+        return self.stored or stored_run(self.path)
+
+    @property
     def hypotheses(self) -> list[str] | None:
-        """The test translations the run saved, one per test sentence (None for older runs); the
-        committed copies under ``docs/`` keep them gzipped (``test.hyp.gz``)."""
-        path = plain_or_packed(self.files.hypotheses)
-        return read_text(path).splitlines() if path.is_file() else None
+        """The test translations the run saved, one per test sentence (None for older runs), read from
+        its directory (``test.hyp``, or ``test.hyp.gz``) or its compact record."""
+        stored = self.stored_as
+        return stored.read_hypotheses() if stored is not None else dir_hypotheses(self.path)
+
+    @property
+    def hypotheses_file(self) -> Path:
+        """The file its translations are (or would be) read from, for messages."""
+        stored = self.stored_as
+        return stored.hypotheses_file if stored is not None else plain_or_packed(self.files.hypotheses)
 
     def what_it_left(self) -> str:
-        """One line for error messages: the files present and the error (else the last log line)."""
-        files = self.files
-        paths = (files.config, files.metrics, files.results, files.log, files.failed)
-        present = [str(p.relative_to(self.path)) for p in paths if p.exists()]
+        """One line for error messages: the parts present and the error (else the last log line)."""
+        stored = self.stored_as
+        present = stored.parts.present() if stored is not None else []
         if self.error:
             return f"{self.path}: {self.status}; error: {error_line(self.error)}"
         last = self.log_tail.strip().splitlines()[-1:] or ["(no train.log)"]
@@ -95,21 +109,35 @@ def describe_machine(results: dict[str, Any], who: str = "this run") -> str:
 
 
 def is_run_dir(path: Path) -> bool:
-    return RunDir(path).config.is_file()
+    """Whether ``path`` is one run: a run directory, a compact record of one run, or one job of a
+    compact record (``<record>/<job>``)."""
+    return stored_run(path) is not None
 
 
 def read_run(path: str | Path) -> RunRecord:
-    """The run at ``path``; raises ValueError when it is no Hydra run directory."""
-    files = RunDir(path)
-    if not files.config.is_file():
-        raise ValueError(f"{files.root} is not a Hydra run directory (no {CONFIG})")
+    """The run at ``path`` (see :func:`is_run_dir`); raises ValueError when it is no run."""
+    stored = stored_run(path)
+    if stored is None:
+        raise ValueError(f"{path} is not a Hydra run directory (no {CONFIG}) nor a job of a compact record")
+    return record_of(stored)
+
+
+def read_runs(path: str | Path) -> list[RunRecord]:
+    """Every run at ``path``, sorted by name: one run, a compact record's jobs, or a sweep's jobs."""
+    return [record_of(stored) for stored in stored_runs(path)]
+
+
+def record_of(stored: StoredRun) -> RunRecord:
+    """The :class:`RunRecord` of a stored run: its config resolved, metrics parsed, log's tail."""
+    parts = stored.parts
     return RunRecord(
-        path=files.root,
-        config=read_config(files.config),
-        metrics=read_metrics(files.root) if plain_or_packed(files.metrics).is_file() else [],
-        results=json.loads(files.results.read_text()) if files.results.is_file() else None,
-        log_tail=tail(files.log),
-        error=files.failed.read_text(encoding="utf-8") if files.failed.is_file() else None,
+        path=stored.path,
+        config=parse_config(parts.config),
+        metrics=parse_metrics(parts.metrics) if parts.metrics is not None else [],
+        results=parts.results,
+        log_tail=tail(parts.log),
+        error=parts.failed,
+        stored=stored,
     )
 
 
@@ -120,13 +148,13 @@ def error_line(text: str) -> str:
     return (named or lines or ["(no error output)"])[-1]
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """A run's saved config with every section resolved that can be outside Hydra.
+def parse_config(text: str) -> dict[str, Any]:
+    """A run's saved config (the YAML text) with every section resolved that can be outside Hydra.
 
     Interpolations between sections (``attention.num_kv_heads: ${heads.num_kv_heads}``) are resolved;
     values that need Hydra's own resolvers (``output_dir: ${hydra:...}``) stay as written.
     """
-    loaded = OmegaConf.load(path)
+    loaded = OmegaConf.create(text)
     config = OmegaConf.to_container(loaded, resolve=False)
     for key in config:
         try:
@@ -137,31 +165,26 @@ def read_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def tail(path: Path, lines: int = 40) -> str:
-    if not path.is_file():
-        return ""
-    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+def tail(text: str | None, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log ("" without one)."""
+    return "\n".join((text or "").splitlines()[-lines:])
 
 
-def plain_or_packed(plain: Path) -> Path:
-    """``plain``, or ``plain.gz`` where only that is there (the committed run records under ``docs/``
-    keep their test translations and metrics gzipped)."""
-    packed = plain.with_name(f"{plain.name}.gz")
-    return packed if not plain.is_file() and packed.is_file() else plain
-
-
-def read_text(path: Path) -> str:
-    """A UTF-8 text file, gunzipped when its name ends in ``.gz``."""
-    data = path.read_bytes()
-    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    """Rows of ``<run>/csv/metrics.csv`` (or its gzipped copy) with the numeric cells only."""
-    with io.StringIO(read_text(plain_or_packed(RunDir(run_dir).metrics))) as handle:
+def parse_metrics(text: str) -> list[dict[str, float]]:
+    """The CSV logger's rows with the numeric cells only."""
+    with io.StringIO(text) as handle:
         return [
             {k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(handle)
         ]
+
+
+def read_metrics(run: Path) -> list[dict[str, float]]:
+    """The metrics rows of the run at ``run``: a run's or a compact record's job (see :func:`read_run`),
+    else ``<run>/csv/metrics.csv`` (or its gzipped copy) alone, as some older records keep it."""
+    stored = stored_run(run)
+    if stored is not None and stored.parts.metrics is not None:
+        return parse_metrics(stored.parts.metrics)
+    return parse_metrics(read_text(plain_or_packed(RunDir(run).metrics)))
 
 
 def series(rows: list[dict[str, float]], x: str, y: str) -> tuple[list[float], list[float]]:

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from app.attention.config import describe_attention
 from app.data.concat import concat_pairs
 from app.data.corpus import read_parallel
-from app.reports.runs import RunRecord, is_run_dir, read_run
+from app.reports.runs import RunRecord, read_runs
 from app.rundir import CONFIG, RESULTS
 
 # Keys that never make two runs different variants (a run's seed, where it wrote, how it was started;
@@ -114,16 +114,14 @@ def held_equal(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def sweep_runs(sweep_dir: Path) -> list[RunRecord]:
-    """Every job directory of a sweep (or the directory itself if it is one run), sorted by name.
+    """Every job of a sweep, sorted by name: its job directories or its compact record's jobs (or the
+    run itself where ``sweep_dir`` is one run).
 
     Raises ValueError naming the directory, and what each job left, when no job finished.
     """
-    if is_run_dir(sweep_dir):
-        runs = [read_run(sweep_dir)]
-    else:
-        runs = [read_run(p) for p in sorted(sweep_dir.iterdir()) if p.is_dir() and is_run_dir(p)]
+    runs = read_runs(sweep_dir)
     if not runs:
-        raise ValueError(f"{sweep_dir} holds no run directories (no */{CONFIG})")
+        raise ValueError(f"{sweep_dir} holds no run directories (no */{CONFIG}) and no compact record")
     if not any(run.status == "finished" for run in runs):
         left = "\n  ".join(run.what_it_left() for run in runs)
         raise ValueError(f"no job in {sweep_dir} finished (none wrote {RESULTS}):\n  {left}")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.reports.record import compact_record
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "summarize_runs.py"
 
 
@@ -54,6 +56,8 @@ def test_rows_for_finished_and_unfinished_runs(tmp_path: Path) -> None:
     assert lines[2] == f"| gqa | transformer | sdpa kv=2 | {scores} | {decoding} |"
     assert lines[3].startswith("| rnn | rnn lstm | luong general | unfinished |")
     assert len(lines) == 4
+    compact_record(tmp_path)  # the two runs as one compact record: one row per job, the same rows
+    assert summarize(tmp_path).stdout.splitlines() == lines
 
 
 def test_a_directory_that_is_not_a_run_is_named(tmp_path: Path) -> None:
