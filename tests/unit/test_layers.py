@@ -113,3 +113,60 @@ def test_the_attention_package_draws_nothing() -> None:
                 f"{path.relative_to(REPO_ROOT)}: {n}" for n in names if n.split(".")[0] == "matplotlib"
             ]
     assert not drawing, f"plots belong above app/attention: {drawing}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each ``app`` module -> the ``app`` modules it imports (module- and function-level), a name imported
+    from a package resolved to its submodule where it is one (``from app.x import y`` -> ``app.x.y``)."""
+    modules = {m.removesuffix(".__init__"): p for m, p in app_modules().items()}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.module in modules:
+                named = {f"{node.module}.{a.name}" for a in node.names}
+                edges |= (named & modules.keys()) or {node.module}
+        graph[module] = edges - {module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each one found as a path that comes back to its start."""
+    found, state = [], dict.fromkeys(graph, 0)  # 0 unseen, 1 on the current path, 2 done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for imported in sorted(graph.get(module, ())):
+            if state.get(imported) == 1:
+                found.append([*path[path.index(imported) :], imported])
+            elif state.get(imported) == 0:
+                visit(imported, [*path, imported])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if state[module] == 0:
+            visit(module, [module])
+    return found
+
+
+def test_no_import_circle_in_app() -> None:
+    """No module reaches itself through imports, at any depth of a file: a circle is an import that had
+    to hide inside a function, or a package whose parts cannot be read in order."""
+    assert not circles(import_graph()), "import circles:\n  " + "\n  ".join(
+        " -> ".join(c) for c in circles(import_graph())
+    )
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_models_know_nothing_of_acceleration() -> None:
+    """Model families define models: no module of app/models imports app.acceleration (it wraps them)."""
+    graph = import_graph()
+    found = {
+        m: sorted(e) for m, e in graph.items() if m.startswith("app.models") for i in e if "acceleration" in i
+    }
+    assert not found, f"models importing acceleration: {found}"

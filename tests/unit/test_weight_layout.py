@@ -1,4 +1,4 @@
-"""Tests for app.acceleration.weight_layout: column-major Linear weights change the layout, never the model."""
+"""Tests for app.acceleration.weight_layout: column-major Linear weights change the layout, not the model."""
 
 from __future__ import annotations
 
