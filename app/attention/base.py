@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from app.attention.output import AttentionOutput
+
 
 @dataclass(frozen=True)
 class KernelCapabilities:
@@ -40,14 +42,6 @@ class KernelCapabilities:
     shares_keys: bool = False  # without a causal mask, each query attends independently of the others, so
     # several query rows may share one row of keys/values: beam search's K beams of a sentence then attend
     # its cross-attention keys as K queries of one row instead of K copies of the keys
-
-
-@dataclass
-class AttentionOutput:
-    """The result every kernel returns."""
-
-    context: Tensor  # (B, H, Tq, Dh)
-    weights: Tensor | None = None  # (B, H, Tq, Tk), only when asked for and supported
 
 
 class AttentionKernel(nn.Module):
