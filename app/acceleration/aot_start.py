@@ -32,7 +32,7 @@ from torch.export import Dim
 
 from app.acceleration.aot_package import MAX_SENTENCES, FlatRunner, Packager
 from app.acceleration.step import describe_failure
-from app.attention import padding_mask
+from app.attention import KVCache, padding_mask
 from app.attention.packing import PackedRows
 from app.models.seq2seq import EncoderOutput
 from app.models.transformer import DecoderLayer, LayerCache, TransformerState
@@ -170,7 +170,7 @@ def plain_and_empty(layer: DecoderLayer, cache: LayerCache) -> bool:
     self_kernel, cross_kernel = layer.self_attn.kernel, layer.cross_attn.kernel
     return (
         not (cache.self_attn.filled or cache.cross_attn.filled)
-        and cache.self_attn.state is None
+        and isinstance(cache.self_attn, KVCache)
         and cache.self_attn.max_len is None
         and not self_kernel.capabilities.recurrent
         and not cross_kernel.capabilities.reduces_keys

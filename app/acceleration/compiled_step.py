@@ -118,7 +118,7 @@ class CompiledSteps:
             self.graphs += new_graphs
             self.seconds += time.perf_counter() - started
         for cache, k, v in zip(state.caches, self_k, self_v, strict=True):
-            cache.self_attn.k, cache.self_attn.v = k, v
+            cache.self_attn.replace(k, v)
         state.step += 1
         return log_probs
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from app.attention import KVCache
+from app.attention.cache import KVCache, ReducedCache, StaticCache, WindowCache
 from app.models.transformer import LayerCache, TransformerState
 
 
@@ -42,7 +42,9 @@ class CacheTensors:
         step that gathers those rows as it appends, one copy instead of two); without it, or where the
         layers hold different reorders, the reorder is applied first."""
         for cache in caches:
-            if not (cache.self_attn.filled and cache.cross_attn.filled) or cache.self_attn.state is not None:
+            if not (
+                isinstance(cache.self_attn, KVCache) and cache.self_attn.filled and cache.cross_attn.filled
+            ):
                 return None
         stored = [c.self_attn.held() for c in caches]
         rows = stored[0][2]
@@ -60,12 +62,15 @@ class CacheTensors:
             windows=tuple(c.self_attn.max_len for c in caches),
         )
 
-    def caches(self, group: int) -> list[LayerCache]:
-        """Fresh cache objects over these tensors (inside the compiled function)."""
+    def caches(self) -> list[LayerCache]:
+        """Fresh cache objects over these tensors (inside the compiled function, which selects no rows:
+        a cross-attention cache's sharing by beams does not matter there)."""
         return [
             LayerCache(
-                self_attn=KVCache(k=sk, v=sv, max_len=window),
-                cross_attn=KVCache(k=ck, v=cv, static=True, key_mask=mask, group=group),
+                self_attn=KVCache(k=sk, v=sv) if window is None else WindowCache(k=sk, v=sv, max_len=window),
+                cross_attn=StaticCache(k=ck, v=cv)
+                if mask is None
+                else ReducedCache(k=ck, v=cv, key_mask=mask),
             )
             for sk, sv, ck, cv, mask, window in zip(
                 self.self_k,
@@ -98,7 +103,7 @@ def decode_cached(
     ``tokens`` (B*G,), ``memory`` (B, S, D), ``memory_mask`` (B, S); returns log-probabilities
     (B*G, V) and each layer's self-attention keys and values (B*G, Hkv, T+1, Dh).
     """
-    caches = tensors.caches(group)
+    caches = tensors.caches()
     state = TransformerState(memory=memory, memory_mask=memory_mask, caches=caches, step=step, group=group)
     log_probs = model.decode_step(tokens, state)
     return log_probs, [c.self_attn.k for c in caches], [c.self_attn.v for c in caches]

@@ -6,7 +6,7 @@ from app.attention import (  # noqa: F401  (register kernels and RNN mechanisms)
     luong,
 )
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
-from app.attention.cache import KVCache
+from app.attention.cache import AttentionCache, KVCache, StaticCache
 from app.attention.masks import attention_mask, causal_mask, padding_mask
 from app.attention.mechanisms import (
     AttentionMechanism,
@@ -20,6 +20,7 @@ from app.attention.multihead import MultiHeadAttention
 from app.attention.registry import AttentionConfigError, available_kernels, build_kernel, register_kernel
 
 __all__ = [
+    "AttentionCache",
     "AttentionConfigError",
     "AttentionKernel",
     "AttentionMechanism",
@@ -28,6 +29,7 @@ __all__ = [
     "KernelCapabilities",
     "MechanismOutput",
     "MultiHeadAttention",
+    "StaticCache",
     "attention_mask",
     "available_kernels",
     "available_mechanisms",

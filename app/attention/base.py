@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from app.attention.cache import AttentionCache, KVCache, StaticCache, WindowCache
 from app.attention.output import AttentionOutput
 
 
@@ -79,6 +80,19 @@ class AttentionKernel(nn.Module):
     def cache_window(self) -> int | None:
         """How many past positions a decoder self-attention cache must keep (None = all)."""
         return None
+
+    def new_cache(self, *, cross: bool) -> AttentionCache:
+        """A fresh decoding cache of the kind this kernel keeps, for one layer.
+
+        ``cross``: cross-attention's, filled from the encoder output once (shared by a sentence's beams
+        where the kernel ``shares_keys``); else causal self-attention's, grown a step at a time (the last
+        :meth:`cache_window` positions only where the kernel truncates it). Kernels with other state (a
+        recurrent state, reduced keys, per-key codes) override this.
+        """
+        if cross:
+            return StaticCache(shared=self.capabilities.shares_keys)
+        window = self.cache_window()
+        return KVCache() if window is None else WindowCache(max_len=window)
 
     def describe(self) -> str:
         """A short label of the kernel and its main settings, e.g. ``sparse sliding_window window=8``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from app.attention.base import AttentionKernel, AttentionOutput
-from app.attention.cache import KVCache
+from app.attention.cache import AttentionCache
 from app.attention.packing import PackedRows
 from app.attention.registry import AttentionConfigError
 
@@ -71,7 +71,7 @@ class MultiHeadAttention(nn.Module):
         memory: Tensor | None = None,
         key_mask: Tensor | None = None,
         causal: bool = False,
-        cache: KVCache | None = None,
+        cache: AttentionCache | None = None,
         need_weights: bool = False,
         group: int = 1,
         packed: PackedRows | None = None,
@@ -79,14 +79,14 @@ class MultiHeadAttention(nn.Module):
         """Attend from ``x`` (B, Tq, D) to itself, or to ``memory`` (B, Tk, D) for cross-attention.
 
         ``key_mask`` (B, Tk) marks real keys (for self-attention with a cache: all keys so far).
-        With a ``cache``, self-attention appends this step's keys/values; cross-attention computes
-        them from ``memory`` once and reuses them on later steps. Causal self-attention through a
-        recurrent kernel (``capabilities.recurrent``) keeps the kernel's fixed-size state in the cache
-        instead of keys and values. Returns the output (B, Tq, D) and, when asked for, the weights
-        (B, H, Tq, Tk). With ``group`` G > 1 (cross-attention only), ``x`` is (B*G, Tq, D): G consecutive
-        rows per row of ``memory`` (B, Tk, D) and ``key_mask`` (B, Tk), as beam search's K beams share
-        their sentence's source. With ``packed`` (self-attention without a cache), ``x`` is (N, D): the real
-        rows of a padded batch (:mod:`app.attention.packing`), and so is the output.
+        With a ``cache`` (the kind the kernel keeps, ``kernel.new_cache``), the cache takes the call: a
+        self-attention cache adds this step's keys/values (or a recurrent kernel's state), a cross-attention
+        cache computes them from ``memory`` once and reuses them on later steps. Returns the output
+        (B, Tq, D) and, when asked for, the weights (B, H, Tq, Tk). With ``group`` G > 1 (cross-attention
+        only), ``x`` is (B*G, Tq, D): G consecutive rows per row of ``memory`` (B, Tk, D) and ``key_mask``
+        (B, Tk), as beam search's K beams share their sentence's source. With ``packed`` (self-attention
+        without a cache), ``x`` is (N, D): the real rows of a padded batch (:mod:`app.attention.packing`),
+        and so is the output.
         """
         if packed is not None:
             return self._attend_packed(x, packed, key_mask=key_mask, causal=causal, need_weights=need_weights)
@@ -95,31 +95,43 @@ class MultiHeadAttention(nn.Module):
                 x, memory, key_mask=key_mask, cache=cache, need_weights=need_weights, group=group
             )
         q = self._split(self.q_proj(x), self.num_heads)  # (B, H, Tq, Dh)
-        if self._uses_state(cache, causal=causal, cross=memory is not None):
-            context = self._recurrent_step(q, x, key_mask=key_mask, cache=cache, need_weights=need_weights)
-            return self._merge(context), None
-        if cache is not None and cache.static and self.kernel.capabilities.reduces_keys:
-            out = self._attend_reduced(q, memory, key_mask=key_mask, cache=cache, need_weights=need_weights)
-            return self._merge(out.context), out.weights
-        codes = {}  # the cached keys' codes, for kernels that have them (AttentionKernel.key_codes)
-        if cache is not None and cache.static and cache.filled:
-            k, v = cache.k, cache.v
+        source = x if memory is None else memory
+        if cache is not None:
+            out = cache.attend(self, q, source, key_mask=key_mask, causal=causal, need_weights=need_weights)
         else:
-            k, v = self.project_kv(x if memory is None else memory, q if memory is None else None)
-            if cache is not None:
-                k, v = cache.append(k, v, codes=None if cache.static else self.kernel.key_codes(k))
-                codes = {} if cache.codes is None else {"key_codes": cache.codes}
-        out = self.kernel(
+            k, v = self.project_kv(source, q if memory is None else None)  # (B, Hkv, Tk, Dh)
+            out = self.attend(q, k, v, key_mask=key_mask, causal=causal, need_weights=need_weights)
+        return self._merge(out.context), out.weights
+
+    @property
+    def dropout_p(self) -> float:
+        """The attention dropout of a call: ``dropout`` in training, 0 in eval mode."""
+        return self.dropout if self.training else 0.0
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_mask: Tensor | None,
+        causal: bool,
+        need_weights: bool,
+        key_codes: Tensor | None = None,
+    ) -> AttentionOutput:
+        """The kernel over ``q`` (B, H, Tq, Dh) and ``k``, ``v`` (B, Hkv, Tk, Dh) with this layer's dropout;
+        ``key_codes`` (B, Hkv, Tk, C): the keys' codes a cache kept (``AttentionKernel.key_codes``)."""
+        codes = {} if key_codes is None else {"key_codes": key_codes}
+        return self.kernel(
             q,
             k,
             v,
             key_mask=key_mask,
             causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self.dropout_p,
             need_weights=need_weights,
             **codes,
         )
-        return self._merge(out.context), out.weights
 
     def _attend_grouped(
         self,
@@ -127,7 +139,7 @@ class MultiHeadAttention(nn.Module):
         memory: Tensor,
         *,
         key_mask: Tensor | None,
-        cache: KVCache | None,
+        cache: AttentionCache | None,
         need_weights: bool,
         group: int,
     ) -> tuple[Tensor, Tensor | None]:
@@ -146,8 +158,6 @@ class MultiHeadAttention(nn.Module):
             key_mask = None if key_mask is None else key_mask.repeat_interleave(group, dim=0)
             return self.forward(x, memory=memory, key_mask=key_mask, cache=cache, need_weights=need_weights)
         rows, tq, width = x.shape
-        if cache is not None:
-            cache.group = group  # its rows are per sentence: select_rows must pick sentences
         out, weights = self.forward(
             x.reshape(rows // group, group * tq, width),  # (B, G*Tq, D)
             memory=memory,
@@ -172,15 +182,7 @@ class MultiHeadAttention(nn.Module):
         q = heads(self.q_proj, self.num_heads)
         v = heads(self.v_proj, self.num_kv_heads)
         k = heads(self.k_proj, self.num_kv_heads) if self.k_proj is not None else self.kernel.shared_keys(q)
-        out = self.kernel(
-            q,
-            k,
-            v,
-            key_mask=key_mask,
-            causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-        )
+        out = self.attend(q, k, v, key_mask=key_mask, causal=causal, need_weights=need_weights)
         context = packed.pack(out.context.transpose(1, 2))  # (N, H, Dh), gathered from (B, S, H, Dh)
         return self.out_proj(context.flatten(1)), out.weights
 
@@ -188,53 +190,6 @@ class MultiHeadAttention(nn.Module):
         """Heads (B, H, Tq, Dh) back to the model width, then the output projection: (B, Tq, D)."""
         b, _, tq, _ = context.shape
         return self.out_proj(context.transpose(1, 2).reshape(b, tq, self.num_heads * self.head_dim))
-
-    def _attend_reduced(
-        self, q: Tensor, memory: Tensor, *, key_mask: Tensor | None, cache: KVCache, need_weights: bool
-    ) -> AttentionOutput:
-        """Attention over a static cache that holds keys and values already reduced along the sequence.
-
-        The first call projects ``memory`` (B, Tk, D) and reduces it (e.g. Linformer's E K and F V, Wang et
-        al. 2020, section 4) once per sentence; later decoding steps reuse the reduced (B, Hkv, k, Dh) rows
-        and their mask instead of reducing the whole encoder output again.
-        """
-        if not cache.filled:
-            k, v = self.project_kv(memory)  # (B, Hkv, Tk, Dh)
-            cache.k, cache.v, cache.key_mask = self.kernel.reduce(k, v, key_mask)  # (B, Hkv, k, Dh), (B, k)
-        return self.kernel.attend_reduced(
-            q,
-            cache.k,
-            cache.v,
-            cache.key_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-        )
-
-    def _uses_state(self, cache: KVCache | None, *, causal: bool, cross: bool) -> bool:
-        """Whether this call decodes with the kernel's recurrent state rather than a KV cache."""
-        return (
-            cache is not None
-            and not cache.static
-            and causal
-            and not cross
-            and self.kernel.capabilities.recurrent
-        )
-
-    def _recurrent_step(
-        self, q: Tensor, x: Tensor, *, key_mask: Tensor | None, cache: KVCache, need_weights: bool
-    ) -> Tensor:
-        """Causal attention of the new positions ``x`` (B, t, D) from ``cache.state``; updates the state.
-
-        The recurrent form of causal linear attention (Katharopoulos et al. 2020, section 3.4): the
-        state summarises every earlier key and value in O(1) memory per step, so no K/V is cached.
-        ``key_mask`` covers all keys so far (B, Tk) as elsewhere; only its last t columns are new.
-        """
-        if need_weights:
-            raise ValueError(f"the {type(self.kernel).__name__} kernel cannot return attention weights")
-        k, v = self.project_kv(x, q)  # (B, Hkv, t, Dh)
-        step_mask = None if key_mask is None else key_mask[:, -x.size(1) :]  # (B, t)
-        context, cache.state = self.kernel.recurrent_step(cache.state, q, k, v, key_mask=step_mask)
-        return context  # (B, H, t, Dh)
 
 
 def check_head_layout(*, d_model: int, num_heads: int, num_kv_heads: int) -> None:

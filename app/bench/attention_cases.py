@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.attention import KVCache, MultiHeadAttention, build_kernel
+from app.attention import AttentionCache, MultiHeadAttention, build_kernel
 from app.attention.registry import kernel_class
 from app.bench.memory import PEAK_UNMEASURED, is_out_of_memory, peak_bytes
 from app.bench.timing import median_ms, synchronize
@@ -235,8 +235,8 @@ def time_cached_steps(layer: MultiHeadAttention, x: Tensor, setup: Setup) -> tup
     steps = min(8, max(1, length // 2))
     start = length - steps
 
-    def run() -> tuple[float, KVCache]:
-        cache = KVCache(max_len=layer.kernel.cache_window())
+    def run() -> tuple[float, AttentionCache]:
+        cache = layer.kernel.new_cache(cross=False)
         if start:
             layer(x[:, :start], causal=True, cache=cache)
         synchronize(setup.device)

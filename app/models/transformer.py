@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from app.attention import KVCache, MultiHeadAttention, build_kernel, padding_mask
+from app.attention import AttentionCache, KVCache, MultiHeadAttention, StaticCache, build_kernel, padding_mask
 from app.attention.factory import AttentionSpec, build_attention
 from app.attention.packing import PackedRows
 from app.models.dropout import Dropout
@@ -76,8 +76,10 @@ class EncoderLayer(nn.Module):
 
 @dataclass
 class LayerCache:
-    self_attn: KVCache = field(default_factory=KVCache)
-    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
+    """A decoder layer's caches, each of the kind its kernel keeps (``AttentionKernel.new_cache``)."""
+
+    self_attn: AttentionCache = field(default_factory=KVCache)
+    cross_attn: StaticCache = field(default_factory=StaticCache)
 
 
 class DecoderLayer(nn.Module):
@@ -179,8 +181,8 @@ class TransformerState(DecoderState):
         self.memory = self.memory.index_select(0, sentences)
         self.memory_mask = self.memory_mask.index_select(0, sentences)
         for cache in self.caches:
-            cache.self_attn.reorder(index)
-            cache.cross_attn.reorder(sentences if cache.cross_attn.group > 1 else index)
+            cache.self_attn.select(index, sentences)
+            cache.cross_attn.select(index, sentences)
 
 
 class Transformer(Seq2Seq):
@@ -296,8 +298,8 @@ class Transformer(Seq2Seq):
     def start_decoding(self, encoded: EncoderOutput) -> TransformerState:
         caches = [
             LayerCache(
-                self_attn=KVCache(max_len=layer.self_attn.kernel.cache_window()),
-                cross_attn=KVCache(static=True),
+                self_attn=layer.self_attn.kernel.new_cache(cross=False),
+                cross_attn=layer.cross_attn.kernel.new_cache(cross=True),
             )
             for layer in self.decoder
         ]
@@ -315,14 +317,11 @@ class Transformer(Seq2Seq):
     def widen_beams(self, state: TransformerState, beams: int) -> None:
         """Each row's self-attention caches repeated ``beams`` times (held back until the next step's append,
         see :class:`KVCache`); cross-attention caches shared by a sentence's beams where the kernel
-        ``shares_keys``, repeated otherwise: the layout :meth:`start_beams` gives."""
+        ``shares_keys``, repeated otherwise (:class:`StaticCache`): the layout :meth:`start_beams` gives."""
         rows = torch.arange(state.memory.size(0), device=state.memory.device).repeat_interleave(beams)
-        for layer, cache in zip(self.decoder, state.caches, strict=True):
+        for cache in state.caches:
             cache.self_attn.reorder(rows)
-            if layer.cross_attn.kernel.capabilities.shares_keys:
-                cache.cross_attn.group = beams
-            else:
-                cache.cross_attn.reorder(rows)
+            cache.cross_attn.reorder(rows)
         state.group = beams
 
     def decode_step(self, tokens: Tensor, state: TransformerState, need_weights: bool = False) -> Tensor:

@@ -14,13 +14,13 @@ from app.attention import (
     AttentionKernel,
     AttentionOutput,
     KernelCapabilities,
-    KVCache,
     MultiHeadAttention,
     available_kernels,
     build_kernel,
     register_kernel,
 )
 from app.attention import registry as registry_module
+from app.attention.cache import RecurrentCache, WindowCache
 from app.attention.config import SITES, AttentionSpec, site_specs
 from app.attention.factory import build_attention
 from app.attention.kernels.eager import EagerAttention
@@ -319,17 +319,17 @@ def test_gqa_cache_stores_only_kv_heads(name: str) -> None:
     x = torch.randn(3, 4, 32)
     if caps.causal:  # decoder self-attention: a growing cache (linformer cannot serve that site)
         full, _ = layer(x, causal=True)
-        cache = KVCache()
+        cache = layer.kernel.new_cache(cross=False)
         steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(4)]
         if caps.recurrent:  # a fixed-size state per kv head instead of keys and values
-            assert cache.k is None and cache.state.kv.shape[:2] == (3, 2)
+            assert isinstance(cache, RecurrentCache) and cache.state.kv.shape[:2] == (3, 2)
         else:
             assert cache.k.shape == cache.v.shape == (3, 2, 4, 8)
         torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
     if not caps.across_sequences:
         return
     memory, mask = torch.randn(3, 6, 32), torch.tensor([[True] * 6, [True] * 2 + [False] * 4, [True] * 6])
-    cross = KVCache(static=True)
+    cross = layer.kernel.new_cache(cross=True)
     first, _ = layer(x[:, :1], memory=memory, key_mask=mask, cache=cross)
     # Kernels that reduce keys along the sequence cache the reduced form, once per sentence: linformer's
     # k projected rows, linear attention's sums over the source (feature width m = 8 rows for elu).
@@ -343,7 +343,7 @@ def test_gqa_cache_stores_only_kv_heads(name: str) -> None:
 
 
 def test_kv_cache_window_and_reorder() -> None:
-    cache = KVCache(max_len=3)
+    cache = WindowCache(max_len=3)
     for step in range(5):
         value = torch.full((2, 1, 1, 4), float(step))
         cache.append(value, value + 10)

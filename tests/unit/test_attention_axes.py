@@ -11,7 +11,6 @@ import torch
 
 from app.attention import (
     AttentionConfigError,
-    KVCache,
     MultiHeadAttention,
     available_kernels,
     build_kernel,
@@ -181,7 +180,7 @@ def decoded_cache_bytes(kernel: str, options: dict[str, Any], num_kv_heads: int,
         num_kv_heads=num_kv_heads,
         kernel=build_kernel(kernel, **options),
     ).eval()
-    cache = KVCache(max_len=layer.kernel.cache_window())
+    cache = layer.kernel.new_cache(cross=False)
     x = torch.randn(1, length, TINY["d_model"])
     with torch.no_grad():
         for t in range(length):

@@ -10,8 +10,9 @@ from helpers.configs import CONF_DIR
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from app.attention import AttentionConfigError, KVCache, MultiHeadAttention, build_kernel
+from app.attention import AttentionConfigError, MultiHeadAttention, build_kernel
 from app.attention.base import repeat_kv
+from app.attention.cache import ReducedCache
 from app.attention.config import AttentionSpec, site_specs
 from app.attention.factory import build_attention
 from app.attention.kernels.linformer import LinformerAttention
@@ -181,13 +182,14 @@ def test_cross_attention_caches_the_projected_rows_once_per_sentence(monkeypatch
     calls = []
     reduce = layer.kernel.reduce
     monkeypatch.setattr(layer.kernel, "reduce", lambda *a: calls.append(1) or reduce(*a))
-    cache = KVCache(static=True)
+    cache = layer.kernel.new_cache(cross=True)
+    assert isinstance(cache, ReducedCache)
     steps = [layer(x[:, t : t + 1], memory=memory, key_mask=mask, cache=cache)[0] for t in range(4)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
     assert len(calls) == 1  # the encoder output is projected on the first step only
     assert cache.k.shape == cache.v.shape == (3, 2, 3, 8) and cache.key_mask.shape == (3, 3)
     before = cache.nbytes()
-    cache.reorder(torch.tensor([2, 0]))  # beam search / finished rows keep the projected rows' mask too
+    cache.select(torch.tensor([2, 0]), torch.tensor([2, 0]))  # finished rows keep the projected rows' mask
     assert cache.k.shape[0] == cache.key_mask.shape[0] == 2 and cache.nbytes() < before
 
 

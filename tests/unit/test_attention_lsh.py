@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from app.attention import AttentionConfigError, KVCache, MultiHeadAttention, build_kernel
+from app.attention import AttentionConfigError, MultiHeadAttention, build_kernel
 from app.attention.base import repeat_kv
+from app.attention.cache import CodedKVCache
 from app.attention.config import AttentionSpec
 from app.attention.factory import build_attention
 from app.attention.kernels import lsh_shared
@@ -183,7 +184,7 @@ def test_cached_decoding_equals_full_recomputation(kv_heads: int) -> None:
     layer = MultiHeadAttention(d_model=32, num_heads=4, num_kv_heads=kv_heads, kernel=kernel).double().eval()
     x = torch.randn(2, 12, 32, dtype=torch.float64)
     full, _ = layer(x, causal=True)  # 12 x 12 with chunks of 2: the chunked form
-    cache = KVCache(max_len=kernel.cache_window())
+    cache = kernel.new_cache(cross=False)
     steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(12)]  # the direct form
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-12)
     # Each key was hashed once, when it entered the cache: its buckets are kept beside it.
@@ -198,9 +199,9 @@ def test_a_cache_rebuilt_without_buckets_hashes_its_keys_again() -> None:
     kernel = build_kernel("lsh", n_buckets=2, n_hashes=2, chunk_size=2, shared_qk=True)
     layer = MultiHeadAttention(d_model=32, num_heads=4, num_kv_heads=2, kernel=kernel).double().eval()
     x = torch.randn(2, 9, 32, dtype=torch.float64)
-    cache = KVCache()
+    cache = kernel.new_cache(cross=False)
     layer(x[:, :8], causal=True, cache=cache)
-    bare = KVCache(k=cache.k, v=cache.v)
+    bare = CodedKVCache(k=cache.k, v=cache.v)
     with_codes, _ = layer(x[:, 8:], causal=True, cache=cache)
     without, _ = layer(x[:, 8:], causal=True, cache=bare)
     torch.testing.assert_close(without, with_codes, rtol=0, atol=0)
@@ -359,7 +360,7 @@ def test_a_shared_qk_layer_has_no_key_projection_and_decodes_as_the_full_pass(kv
     assert layer.k_proj is None and "k_proj.weight" not in layer.state_dict()
     x = torch.randn(2, 12, 32, dtype=torch.float64)
     full, _ = layer(x, causal=True)  # 12 x 12 with chunks of 2: the shared chunked form
-    cache = KVCache(max_len=kernel.cache_window())
+    cache = kernel.new_cache(cross=False)
     steps = [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(12)]  # the direct form
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-12)
     # Keys of every query head with their buckets in each round, values of the kv heads: what

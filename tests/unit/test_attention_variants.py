@@ -21,7 +21,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from app.attention import AttentionConfigError, KVCache, MultiHeadAttention, build_kernel
+from app.attention import AttentionConfigError, MultiHeadAttention, build_kernel
+from app.attention.cache import WindowCache
 from app.attention.config import site_specs
 from app.attention.kernels import flash as flash_module
 from app.attention.kernels.linear import LinearAttention, orthogonal_random_features
@@ -124,7 +125,7 @@ def decode_step_by_step(kernel, *, steps: int = 12, kv_heads: int = 2, max_len: 
     x = torch.randn(2, steps, 16, dtype=torch.float64)
     with torch.no_grad():
         full, _ = layer(x, causal=True)
-        cache = KVCache(max_len=max_len)
+        cache = kernel.new_cache(cross=False) if max_len is None else WindowCache(max_len=max_len)
         stepped = torch.cat(
             [layer(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(steps)], dim=1
         )

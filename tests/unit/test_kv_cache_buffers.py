@@ -1,13 +1,15 @@
 """A growing KV cache holds a beam reorder back and gathers the kept rows into the next append.
 
-The reference for every case is the plain cache: ``index_select`` on reorder, then ``torch.cat``.
+The reference for every case is the plain cache: ``index_select`` on reorder, then ``torch.cat``. The
+other kinds of cache (a sliding window's, cross-attention's) reorder at once.
 """
 
 from __future__ import annotations
 
 import torch
 
-from app.attention import KVCache
+from app.attention import KVCache, MultiHeadAttention, build_kernel
+from app.attention.cache import StaticCache, WindowCache
 
 
 def step(rows: int, t: int = 1, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,7 +49,7 @@ def test_a_reorder_is_gathered_into_the_append_not_copied_twice() -> None:
 
 
 def test_tensors_set_from_outside_replace_the_held_rows() -> None:
-    """The compiled step reads ``k``/``v`` (reorder applied) and writes its own back."""
+    """The compiled step reads ``k``/``v`` (reorder applied) and stores its own with ``replace``."""
     cache = KVCache()
     k0, v0 = step(2, t=3, seed=0)
     cache.append(k0, v0)
@@ -55,7 +57,7 @@ def test_tensors_set_from_outside_replace_the_held_rows() -> None:
     assert torch.equal(cache.k, k0[[1, 0]]) and torch.equal(cache.v, v0[[1, 0]])
     cache.reorder(torch.tensor([1, 1]))
     replacement = step(2, t=4, seed=1)
-    cache.k, cache.v = replacement
+    cache.replace(*replacement)
     assert cache.pending is None and cache.k is replacement[0] and cache.v is replacement[1]
 
 
@@ -71,13 +73,23 @@ def test_gradients_flow_through_a_cache_that_reorders() -> None:
 
 
 def test_static_and_windowed_caches_reorder_at_once() -> None:
-    window = KVCache(max_len=3)
+    window = WindowCache(max_len=3)
     for n in range(6):
         window.append(*step(2, seed=n))
     window.reorder(torch.tensor([1, 0]))
-    static = KVCache(static=True, k=torch.randn(2, 2, 4, 4), v=torch.randn(2, 2, 4, 4))
+    keys = torch.randn(2, 2, 4, 4)
+    static = StaticCache(k=keys, v=keys.clone())
     static.reorder(torch.tensor([1, 0]))
-    assert window.pending is None and static.pending is None and window.length() == 3
+    assert window.pending is None and window.length() == 3 and torch.equal(static.k, keys[[1, 0]])
+
+
+def test_a_cross_attention_cache_shared_by_beams_selects_sentences() -> None:
+    keys = torch.randn(2, 2, 4, 4)  # one row per sentence, shared by its 3 beams
+    shared = StaticCache(shared=True, k=keys, v=keys.clone())
+    shared.reorder(torch.tensor([2, 2, 0, 3, 5, 5]))  # beams move within their sentences: rows stay
+    assert shared.k is keys
+    shared.select(torch.tensor([3, 4, 5]), torch.tensor([1]))  # the first sentence leaves
+    assert torch.equal(shared.k, keys[[1]])
 
 
 def test_first_keys_are_stored_contiguous_so_steps_read_them_in_place() -> None:
@@ -85,10 +97,15 @@ def test_first_keys_are_stored_contiguous_so_steps_read_them_in_place() -> None:
     (B, H, T, Dh); stored as given, every step's product would copy them into a contiguous batch first."""
     memory = torch.randn(3, 7, 2 * 4)  # (B, T, H*Dh)
     view = memory.view(3, 7, 2, 4).transpose(1, 2)  # (B, H, T, Dh), not contiguous
-    cache = KVCache(static=True)
+    cache = KVCache()
     k, v = cache.append(view, view)
     assert not view.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     assert torch.equal(k, view) and torch.equal(v, view)
+    layer = MultiHeadAttention(d_model=8, num_heads=2, kernel=build_kernel("eager"))
+    cross = StaticCache()
+    with torch.no_grad():
+        layer(torch.randn(3, 1, 8), memory=memory, cache=cross)
+    assert cross.k.is_contiguous() and cross.v.is_contiguous()
 
 
 def test_held_shows_the_stored_rows_and_the_reorder_and_replace_drops_it() -> None:

@@ -1,7 +1,7 @@
 """Recurrent decoding state for linear attention (Katharopoulos et al. 2020, section 3.4).
 
 Cached causal self-attention through a recurrent kernel keeps the kernel's fixed-size state in the
-KVCache instead of growing keys and values; these tests check that decoding with it equals full
+cache (RecurrentCache) instead of growing keys and values; these tests check that decoding with it equals full
 recomputation, that the state does not grow, and that beam search can reorder it.
 """
 
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from helpers.batches import random_sources
 
 from app.attention import KVCache, MultiHeadAttention, build_kernel
+from app.attention.cache import RecurrentCache, ReducedCache
 from app.attention.kernels.linear import LinearAttentionState
 from app.decoding import beam_search, greedy_search, output_limits
 from app.models import Transformer
@@ -41,13 +42,13 @@ def linear_layer(*, kv_heads: int = 2, chunk_size: int = 64) -> MultiHeadAttenti
 def test_cached_self_attention_keeps_a_constant_size_state_instead_of_keys() -> None:
     layer = linear_layer()
     x = torch.randn(2, 9, 16, dtype=torch.float64)
-    cache = KVCache()
+    cache = layer.kernel.new_cache(cross=False)
+    assert isinstance(cache, RecurrentCache)
     with torch.no_grad():
         full, _ = layer(x, causal=True)
         steps, sizes = [], []
         for t in range(x.size(1)):
             steps.append(layer(x[:, t : t + 1], causal=True, cache=cache)[0])
-            assert cache.k is None and cache.v is None and cache.length() == 0
             sizes.append(cache.nbytes())
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-9, atol=1e-10)
     assert isinstance(cache.state, LinearAttentionState)
@@ -62,7 +63,7 @@ def test_several_positions_per_step_and_new_key_padding() -> None:
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     key_mask = torch.ones(2, 7, dtype=torch.bool)
     key_mask[1, 2] = key_mask[0, 5] = False
-    cache = KVCache()
+    cache = RecurrentCache()
     with torch.no_grad():
         full, _ = layer(x, key_mask=key_mask, causal=True)
         first, _ = layer(x[:, :4], key_mask=key_mask[:, :4], causal=True, cache=cache)
@@ -77,29 +78,31 @@ def test_cross_attention_caches_the_sums_over_the_source_and_non_causal_keeps_ke
     layer = linear_layer()
     x, memory = torch.randn(2, 3, 16, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
     mask = torch.tensor([[True] * 5, [True] * 2 + [False] * 3])
-    cross = KVCache(static=True)
+    cross = layer.kernel.new_cache(cross=True)
     with torch.no_grad():
         steps = [layer(x[:, t : t + 1], memory=memory, key_mask=mask, cache=cross)[0] for t in range(3)]
         full, _ = layer(x, memory=memory, key_mask=mask)
         plain = KVCache()
         layer(x[:, :1], cache=plain)  # not causal: an ordinary growing cache
     # Two sums per kv head, whatever the source length: sum phi(k) v^T (m x Dv) and sum phi(k) (m x 1).
-    assert cross.k.shape == (2, 2, 4, 4) and cross.v.shape == (2, 2, 4, 1) and cross.state is None
+    assert cross.k.shape == (2, 2, 4, 4) and cross.v.shape == (2, 2, 4, 1) and isinstance(cross, ReducedCache)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-12, atol=1e-14)
-    assert plain.k.shape == (2, 2, 1, 4) and plain.state is None
+    assert plain.k.shape == (2, 2, 1, 4)
 
 
 def test_recurrent_path_refuses_weights() -> None:
     layer = linear_layer()
     with pytest.raises(ValueError, match="cannot return attention weights"):
-        layer(torch.randn(1, 1, 16, dtype=torch.float64), causal=True, cache=KVCache(), need_weights=True)
+        layer(
+            torch.randn(1, 1, 16, dtype=torch.float64), causal=True, cache=RecurrentCache(), need_weights=True
+        )
 
 
 def test_kv_cache_reorders_the_state_and_counts_its_bytes() -> None:
     state = LinearAttentionState(
         kv=torch.arange(3.0)[:, None, None, None].expand(3, 1, 2, 2), z=torch.ones(3, 1, 2)
     )
-    cache = KVCache(state=state)
+    cache = RecurrentCache(state)
     cache.reorder(torch.tensor([2, 2, 0]))
     assert cache.state.kv[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
     assert cache.nbytes() == state.nbytes() == (3 * 4 + 3 * 2) * 4
@@ -139,9 +142,8 @@ def test_transformer_decoding_with_the_state_equals_teacher_forcing(
             sizes.append(sum(cache.self_attn.nbytes() for cache in state.caches))
     torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=1e-5, atol=1e-5)
     for cache in state.caches:
-        assert cache.self_attn.k is None and cache.self_attn.v is None
-        assert cache.self_attn.state is not None
-        assert cache.cross_attn.k is not None and cache.cross_attn.state is None
+        assert isinstance(cache.self_attn, RecurrentCache) and cache.self_attn.state is not None
+        assert isinstance(cache.cross_attn, ReducedCache) and cache.cross_attn.k is not None
     assert len(set(sizes)) == 1 and sizes[0] > 0  # O(1) in the target length
 
 

@@ -12,7 +12,6 @@ import torch
 from helpers.attention_menu import attention_menu
 from helpers.batches import random_sources
 
-from app.attention import KVCache
 from app.decoding import output_limits
 from app.decoding.beam import beam_hypotheses
 from app.models import Transformer
@@ -79,11 +78,11 @@ def test_grouped_cross_attention_equals_copied_rows_with_weights(
     x, memory = torch.randn(6, 1, 32), torch.randn(2, 5, 32)  # 3 query rows per sentence
     mask = torch.tensor([[True] * 5, [True] * 2 + [False] * 3])
     with torch.no_grad():
-        cache = KVCache(static=True)
+        cache = layer.kernel.new_cache(cross=True)
         out, weights = layer(x, memory=memory, key_mask=mask, cache=cache, need_weights=True, group=3)
         rows = torch.arange(2).repeat_interleave(3)
         ref, ref_weights = layer(x, memory=memory[rows], key_mask=mask[rows], need_weights=True)
-    assert (cache.k.size(0), cache.group) == ((2, 3) if shares else (6, 1))
+    assert (cache.k.size(0), cache.shared) == ((2, True) if shares else (6, False))
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(weights, ref_weights)
 

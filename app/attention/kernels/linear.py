@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
+from app.attention.cache import AttentionCache, RecurrentCache, ReducedCache
 from app.attention.registry import AttentionConfigError, register_kernel
 
 FEATURE_MAPS = ("elu", "favor")
@@ -177,6 +178,11 @@ class LinearAttention(AttentionKernel):
     def feature_size(self, head_dim: int) -> int:
         """m, the width of phi(x) for a head of ``head_dim``: elu keeps it, FAVOR+ draws ``num_features``."""
         return head_dim if self.feature_map == "elu" else self.num_features
+
+    def new_cache(self, *, cross: bool) -> AttentionCache:
+        """Causal self-attention keeps the recurrent state (S, z) (section 3.4), cross-attention the two
+        sums over the source (:meth:`reduce`), computed once per sentence."""
+        return ReducedCache(shared=self.capabilities.shares_keys) if cross else RecurrentCache()
 
     def cache_bytes(self, length: int, *, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         """The fixed-size decoding state (S, z): m x Dh + m numbers per kv head whatever ``length`` is,

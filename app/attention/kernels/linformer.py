@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
+from app.attention.cache import AttentionCache, ReducedCache
 from app.attention.registry import AttentionConfigError, register_kernel
 
 SHARING = ("none", "headwise", "key_value", "layerwise")
@@ -129,6 +130,10 @@ class LinformerAttention(AttentionKernel):
         return self.attend_reduced(
             q, *self.reduce(k, v, key_mask), dropout_p=dropout_p, need_weights=need_weights
         )
+
+    def new_cache(self, *, cross: bool) -> AttentionCache:
+        """Cross-attention keeps E K, F V and their mask (:meth:`reduce`), computed once per sentence."""
+        return ReducedCache(shared=self.capabilities.shares_keys) if cross else super().new_cache(cross=cross)
 
     def reduce(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """E K and F V (B, Hkv, k, Dh) with padded rows zeroed first, and (B, k) True for projected rows

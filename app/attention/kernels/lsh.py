@@ -35,9 +35,9 @@ Costs per round: about ``chunk_size`` x (2 causal, 3 otherwise) scores per sorte
 instead of O(T^2); short inputs and decoding steps take the direct form (:meth:`LSHAttention._rounds_dense`,
 one (Tq, Tk) mask per round), which defines the same result. ``recompute`` keeps no scores for the
 backward pass (activation checkpointing per round; in the shared-QK form a FlashAttention-style backward
-per block of chunks). Cross-attention is refused: a target query
-has no position among the source keys (no "own key" to fall back to) and a query whose buckets hold no
-source key would attend nothing. No attention matrix is formed, so no weights and no weight dropout.
+per block of chunks). Cross-attention is refused: a target query has no position among the source keys
+(no "own key" to fall back to) and a query whose buckets hold no source key would attend nothing. No
+attention matrix is formed, so no weights and no weight dropout.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
+from app.attention.cache import AttentionCache, CodedKVCache
 from app.attention.kernels.lsh_ops import bucket_codes, masked_softmax_lse, safe_softmax, take
 from app.attention.kernels.lsh_shared import SharedRounds
 from app.attention.registry import AttentionConfigError, register_kernel
@@ -97,11 +98,10 @@ class LSHAttention(AttentionKernel):
             )
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise AttentionConfigError(f"lsh attention seed={seed!r} must be an integer")
-        self.n_buckets, self.n_hashes, self.chunk_size = n_buckets, n_hashes, chunk_size
-        self.seed, self.exclude_self = seed, bool(exclude_self)
+        self.n_buckets, self.n_hashes, self.chunk_size, self.seed = n_buckets, n_hashes, chunk_size, seed
         # recompute: no scores kept for the backward pass (separate form: checkpointing per round; shared
         # QK: lsh_shared.LeanRound per block of chunks), for less training memory on long inputs.
-        self.recompute = bool(recompute)
+        self.exclude_self, self.recompute = bool(exclude_self), bool(recompute)
         # shared_qk: the paper's form, keys are the unit-length queries (the layer has no key projection);
         # a token is one sorted item, query and key at once: a third of the separate form's cost per round.
         self.shared_qk = bool(shared_qk)
@@ -109,11 +109,8 @@ class LSHAttention(AttentionKernel):
         self._num_heads = 1  # set by bind()
 
     def extra_repr(self) -> str:
-        return (
-            f"n_buckets={self.n_buckets}, n_hashes={self.n_hashes}, chunk_size={self.chunk_size}, "
-            f"seed={self.seed}, exclude_self={self.exclude_self}, recompute={self.recompute}, "
-            f"shared_qk={self.shared_qk}"
-        )
+        settings = ("n_buckets", "n_hashes", "chunk_size", "seed", "exclude_self", "recompute", "shared_qk")
+        return ", ".join(f"{name}={getattr(self, name)}" for name in settings)
 
     def describe(self) -> str:
         """E.g. ``lsh buckets=8 hashes=4 chunk=64`` (``shared-qk`` appended in the paper's form)."""
@@ -128,6 +125,10 @@ class LSHAttention(AttentionKernel):
     def key_codes(self, k: Tensor) -> Tensor:
         """Each key's bucket in every round, (B, Hkv, T, R) int16: what a decoding cache keeps beside it."""
         return bucket_codes(self.buckets(k))
+
+    def new_cache(self, *, cross: bool) -> AttentionCache:
+        """Self-attention keeps each key's buckets beside it (:meth:`key_codes`); cross is refused."""
+        return CodedKVCache() if not cross else super().new_cache(cross=cross)
 
     def shared_keys(self, q: Tensor) -> Tensor:
         """Shared-QK keys: the queries scaled to unit length, k_j = q_j / |q_j| (paper, section 2)."""

@@ -276,7 +276,7 @@ class SparseAttention(AttentionKernel):
     def cache_window(self) -> int | None:
         """``window + 1`` for a causal sliding window: the query itself and the ``window`` keys before it.
 
-        KVCache appends the step's key before truncating, so a cache of ``window + 1`` positions holds
+        WindowCache appends the step's key before truncating, so a cache of ``window + 1`` positions holds
         exactly the keys the newest query may see. Global tokens and position-dependent patterns need
         every key, hence None.
         """
