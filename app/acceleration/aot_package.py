@@ -110,8 +110,7 @@ class Packager:
         def export() -> torch.export.ExportedProgram:
             # A size of one (a cache of one position, at step 1) stays symbolic instead of specialized to it
             size_oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
-            with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
-                warnings.simplefilter("ignore", FutureWarning)  # torch's deprecations, raised inside export
+            with torch.no_grad(), size_oblivious:
                 exported.append(torch.export.export(module, args, dynamic_shapes=shapes, strict=False))
             return exported[-1]
 
@@ -120,7 +119,11 @@ class Packager:
         # (and in the key)
         with torch.no_grad():
             module(*args)
-        package = self.store.load_or_build(package_key(module, args, shapes, configs), name, export, configs)
+        key = package_key(module, args, shapes, configs)
+        with warnings.catch_warnings():
+            for category in (FutureWarning, DeprecationWarning):  # torch's own, raised inside export/build
+                warnings.simplefilter("ignore", category)
+            package = self.store.load_or_build(key, name, export, configs)
         self.store.note(self.model_id, name)
         if exported:  # exporting built ~250k long-lived objects: out of later full collections
             exported.clear()

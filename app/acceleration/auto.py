@@ -3,8 +3,9 @@ default (``auto``), through packages once they pay for themselves, one-time cost
 
 Measured (``scripts/bench_compile_modes.py``, quickstart checkpoint, 2-core AMD EPYC with avx512_bf16, one
 thread; docs/bench/decoding.md): packages make steady decoding faster, batch-1 greedy by about a fifth
-(45.2 against 35.4-37.9 ms a sentence) and beam 5 at batch 64 by 6-17%, but each costs ~15 s to build the
-first time on a machine and a fraction of a second to load after. Eager decoding costs nothing up front.
+(46.2 against 36.7 ms a sentence) and beam 5 at batch 64 by about a tenth (71.9 against 78.8 sentences/s),
+but each costs ~15 s to build the first time on a machine and a fraction of a second to load after. Eager
+decoding costs nothing up front.
 So one sentence is fastest eager, and a server, which pays once before it listens and then decodes for
 hours, with packages; in between it depends on how much a process will translate, which ``translate.py``
 reading a stream does not know in advance.

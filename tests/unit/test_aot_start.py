@@ -86,7 +86,7 @@ def test_an_encoder_that_fails_to_export_stays_eager_alone(
         _, _, memory = first_step(fast, src)
     assert "this encoder does not export" in fast.start.failures["encoder"]
     assert set(fast.start.runners) == {("first step", True)}  # the first step still packaged
-    assert "this encoder does not export" in CompileReport.of(fast).package_failure
+    assert "this encoder does not export" in CompileReport.of(fast).failure
     with torch.no_grad():
         torch.testing.assert_close(memory, model.encode(src).memory)
 
