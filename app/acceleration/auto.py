@@ -29,6 +29,8 @@ from app.models.seq2seq import Seq2Seq
 
 log = logging.getLogger(__name__)
 
+COMPILE_MODES = ("auto", "aot", "off")
+
 # The fraction of eager decoding time packages save (docs/bench/decoding.md, the same run as above)
 GAIN_ONE_ROW = 0.2  # one sentence, greedy: 46.2 -> 36.7 ms a sentence (medians)
 GAIN_ROWS = 0.08  # several rows (beams, sentences): beam 5 at batch 64, 71.9 -> 78.8 sentences/s
@@ -127,13 +129,15 @@ class AutoDecoding:
 
 
 def decoding_for(model: Seq2Seq, mode: str) -> Decoding:
-    """How ``model`` decodes under ``--compile mode`` (auto | aot | off)."""
+    """How ``model`` decodes under ``--compile mode`` (auto | aot | off; another names the valid ones)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile={mode!r} is not one of {', '.join(COMPILE_MODES)}")
     if mode == "off":
         return FixedDecoding(model, "off")
-    packaged, reason = accelerate(model, "aot")
+    packaged, reason = accelerate(model)
     if reason is not None:
         return FixedDecoding(model, mode, reason)
     return AutoDecoding(model, packaged) if mode == "auto" else FixedDecoding(packaged, "aot")
 
 
-__all__ = ["AutoDecoding", "Decoding", "FixedDecoding", "decoding_for"]
+__all__ = ["COMPILE_MODES", "AutoDecoding", "Decoding", "FixedDecoding", "decoding_for"]

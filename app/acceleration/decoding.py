@@ -13,10 +13,10 @@ search, sampling and scoring use it unchanged. Its ``encode`` and ``decode_step`
 Every package computes the model's own step function (:func:`.step.decode_cached`), so outputs are those
 of the model up to float rounding.
 
-Modes: ``off`` (the model itself), ``aot`` (packages) and ``auto`` (:mod:`.auto`: packages once they pay
-for themselves). A ``torch.compile``d step (``--compile on`` until 2026-11-28) was measured against them
-and removed: it sped up no steady decoding on the quickstart model and cost ~45-65 s a process
-(docs/bench/decoding.md, "Which compile modes earn their lines").
+Which of the two a translator uses (``--compile off``, ``aot``, or by default ``auto``: packages once they
+pay for themselves) is :mod:`.auto`'s. A ``torch.compile``d step (``--compile on`` until 2026-11-28) was
+measured against them and removed: it sped up no steady decoding of the quickstart model and cost 15-65 s
+a process (docs/bench/decoding.md, "Which compile modes earn their lines").
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from app.acceleration.step import CacheTensors, compile_available, inference_onl
 from app.models.ensemble import Ensemble
 from app.models.seq2seq import EncoderOutput, Seq2Seq
 from app.models.transformer import Transformer, TransformerState
-
-COMPILE_MODES = ("auto", "aot", "off")
 
 
 class CompiledDecoding(Seq2Seq):
@@ -89,19 +87,10 @@ class CompiledDecoding(Seq2Seq):
         return self.model.cross_attention(src, tgt_in, layer=layer, head=head)
 
 
-def accelerate(model: Seq2Seq, mode: str) -> tuple[Seq2Seq, str | None]:
-    """``model`` for decoding with its Transformers' steps compiled by ``mode``, and why it stays eager
-    (None: it compiles; a later failure still falls back, step by step).
-
-    ``mode``: "aot" wraps every Transformer in :class:`CompiledDecoding` (on a CPU with a C++ compiler);
-    "off" returns ``model`` itself ("auto" chooses between the two per input: :mod:`.auto`). An ensemble's
-    members are wrapped one by one (they may differ in family); the wrapped model shares the parameters of
-    ``model``.
-    """
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"compile={mode!r} is not one of {', '.join(COMPILE_MODES)}")
-    if mode != "aot":
-        return model, f"compile={mode}"
+def accelerate(model: Seq2Seq) -> tuple[Seq2Seq, str | None]:
+    """``model`` with every Transformer wrapped in :class:`CompiledDecoding` (an ensemble's members one by
+    one: they may differ in family), sharing its parameters; or ``model`` itself and why packages cannot be
+    used here (None: they can; a package that fails later still falls back, shape by shape)."""
     members = list(model.members) if isinstance(model, Ensemble) else [model]
     if not any(isinstance(m, Transformer) for m in members):
         return model, f"{type(model).__name__} has no Transformer decoder"
@@ -145,4 +134,4 @@ class CompileReport:
         return text
 
 
-__all__ = ["COMPILE_MODES", "CompileReport", "CompiledDecoding", "accelerate"]
+__all__ = ["CompileReport", "CompiledDecoding", "accelerate"]

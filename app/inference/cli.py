@@ -29,7 +29,7 @@ from typing import TextIO
 
 import torch
 
-from app.acceleration.decoding import COMPILE_MODES
+from app.acceleration.auto import COMPILE_MODES
 from app.checkpoint import CheckpointError
 from app.decoding import Sampling
 from app.inference.engine import Engine, SearchSettings, Translation

@@ -34,7 +34,7 @@ def aot_model(
     )
     with torch.no_grad():
         model.output.weight.mul_(3.0)
-    fast, reason = accelerate(model, "aot")
+    fast, reason = accelerate(model)
     assert reason is None
     return model, fast
 

@@ -39,7 +39,7 @@ def sharp_model(make_transformer: Callable[..., Transformer], attention: dict | 
 
 
 def packaged(model: Transformer) -> CompiledDecoding:
-    fast, reason = accelerate(model, "aot")
+    fast, reason = accelerate(model)
     assert reason is None
     return fast
 

@@ -66,8 +66,12 @@ def test_an_ensemble_counts_every_members_packages(make_transformer: Callable[..
     assert auto.one_time_cost(1, 1) == 2 * 3 * BUILD_SECONDS
 
 
-def test_off_and_aot_are_fixed(make_transformer: Callable[..., Transformer]) -> None:
+def test_off_and_aot_are_fixed_and_another_mode_names_the_valid_ones(
+    make_transformer: Callable[..., Transformer],
+) -> None:
     model = make_transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="compile='on' is not one of auto, aot, off"):
+        decoding_for(model, "on")
     off, aot = decoding_for(model, "off"), decoding_for(model, "aot")
     assert isinstance(off, FixedDecoding) and off.model_for(1, 1, 1) is model and off.report() is None
     assert isinstance(aot.model_for(1, 1, 1), CompiledDecoding)

@@ -125,7 +125,7 @@ def test_packages_trace_the_plain_linear_and_compute_the_same(
     plain = make_transformer(src_vocab_size=30, tgt_vocab_size=30, seed=2)
     packed = make_transformer(src_vocab_size=30, tgt_vocab_size=30, seed=2)
     pack_wide_linears(packed, min_weights=0)
-    fast, _ = accelerate(packed, "aot")
+    fast, _ = accelerate(packed)
     src = random_sources(6, 3, 9, vocab=30)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("error")  # a package that failed would fall back with a warning
