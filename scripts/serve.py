@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         limits = limits_from(args)
+        # A server decodes for hours: auto's packages pay for themselves, built before it listens
+        compile = "aot" if args.compile == "auto" else args.compile
         engine = open_engine(
-            args.model, engine=args.engine, threads=args.threads, ensemble=args.ensemble, compile=args.compile
+            args.model, engine=args.engine, threads=args.threads, ensemble=args.ensemble, compile=compile
         )
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,12 +1,9 @@
-"""AOTInductor packages kept on disk across processes: ``--compile aot`` compiles a model's decoding steps
-once per machine, not once per process (a package ~13-25 s to build on 2 CPU cores, ~1 s to find again).
+"""AOTInductor packages kept on disk across processes: a model's decoding is compiled once per machine, not
+once per process (a package ~13-25 s to build on 2 CPU cores, well under a second to load again).
 
-A package is named by a digest of everything that decides what it computes: the exported program (its
-graph's code, signature and the ranges of its symbolic sizes), the bytes of every weight and constant it
-holds, the inductor settings it is compiled with, the torch and Python versions, and the CPU (model and
-flags: its C++ is built for the machine's vector instructions). Exporting the step (~1 s) comes before the
-lookup, so a change to the model's code, its weights or its kernel settings names another package; an
-entry is never reused for a different computation.
+A package is named by its key (:mod:`app.acceleration.aot_key`: a digest of the code, the module and its
+weights, the symbolic sizes, the settings, torch and the CPU), taken before anything is exported: a package
+found is loaded without exporting, one missing is exported, compiled and stored.
 
 Where: ``$ATTN_MT_AOT_CACHE``, else ``$XDG_CACHE_HOME/attn-mt/aot``, else ``~/.cache/attn-mt/aot``, created
 private to the user (0700). ``ATTN_MT_AOT_CACHE=off`` keeps the packages in a temporary folder that lives as
@@ -30,19 +27,16 @@ import hashlib
 import hmac
 import os
 import secrets
-import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from app.hardware import cpu_flags, cpu_model
-
 CACHE_ENV, LIMIT_ENV = "ATTN_MT_AOT_CACHE", "ATTN_MT_AOT_CACHE_MB"
 DEFAULT_LIMIT_MB = 4096
-FORMAT = "1"  # bumped when what goes into the digest changes
 KEY_BYTES = 32
 
 
@@ -63,31 +57,6 @@ def size_limit() -> int:
     except ValueError:
         raise ValueError(f"{LIMIT_ENV}={text!r}: expected a number of megabytes") from None
     return int(megabytes * 2**20)
-
-
-def program_digest(program: torch.export.ExportedProgram, configs: dict[str, Any]) -> str:
-    """sha256 of what a package of ``program`` compiled with ``configs`` computes (see the module doc)."""
-    digest = hashlib.sha256()
-    for part in (
-        FORMAT,
-        torch.__version__,
-        sys.version.split()[0],
-        cpu_model(),
-        " ".join(sorted(cpu_flags())),
-        repr(sorted(configs.items())),
-        program.graph_module.code,
-        str(program.graph_signature),
-        str(program.range_constraints),
-    ):
-        digest.update(part.encode("utf-8") + b"\0")
-    for name, value in sorted({**program.state_dict, **program.constants}.items()):
-        digest.update(name.encode("utf-8") + b"\0")
-        if isinstance(value, torch.Tensor):
-            digest.update(f"{value.dtype} {tuple(value.shape)}".encode())
-            digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(repr(value).encode("utf-8"))
-    return digest.hexdigest()
 
 
 class UntrustedFolder(RuntimeError):
@@ -159,6 +128,22 @@ class PackageStore:
     def persistent(self) -> bool:
         return self._temporary is None
 
+    def note(self, model: str, name: str) -> None:
+        """Note that the package ``name`` of the model with id ``model`` is in the folder (for estimates of
+        what using packages would cost: :mod:`app.acceleration.auto`; never for choosing what to load)."""
+        notes = self.folder / "built"
+        notes.mkdir(mode=0o700, exist_ok=True)
+        if name not in self.noted(model):
+            with open(notes / model, "a", encoding="utf-8") as file:
+                file.write(name + "\n")
+
+    def noted(self, model: str) -> set[str]:
+        """The names noted for the model with id ``model`` (see :meth:`note`)."""
+        try:
+            return set((self.folder / "built" / model).read_text(encoding="utf-8").split())
+        except (FileNotFoundError, UnicodeDecodeError, NotADirectoryError):
+            return set()
+
     def signature(self, data: bytes) -> bytes:
         return hmac.new(self.key, data, hashlib.sha256).digest()
 
@@ -170,15 +155,21 @@ class PackageStore:
             return False
         return hmac.compare_digest(self.signature(path.read_bytes()), expected)
 
-    def load_or_build(self, program: torch.export.ExportedProgram, name: str, configs: dict[str, Any]) -> Any:
-        """The loaded package of ``program`` (``name`` says what it is, for a person reading the folder):
-        found by its digest and trusted, or compiled with ``configs``, signed, stored and loaded."""
-        path = self.folder / f"{name}-{program_digest(program, configs)[:24]}.pt2"
+    def load_or_build(
+        self,
+        key: str,
+        name: str,
+        export: Callable[[], torch.export.ExportedProgram],
+        configs: dict[str, Any],
+    ) -> Any:
+        """The loaded package named by ``key`` (``name`` says what it is, for a person reading the folder):
+        found and trusted, or the program ``export()`` gives compiled with ``configs``, signed and stored."""
+        path = self.folder / f"{name}-{key[:32]}.pt2"
         if path.exists() and (runner := self.load_trusted(path)) is not None:
             os.utime(path)  # used now: the last to be pruned
             self.hits += 1
             return runner
-        self.build(program, path, configs)
+        self.build(export(), path, configs)
         if self.persistent:
             prune(self.folder, size_limit(), keep=path)
         return torch._inductor.aoti_load_package(str(path))

@@ -13,11 +13,13 @@ from __future__ import annotations
 import gc
 import time
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from app.acceleration.aot_cache import PackageStore
+from app.acceleration.aot_key import model_id, package_key
 
 MAX_SENTENCES = 4096  # the most sentences a batch may hold for the packages of several
 
@@ -53,44 +55,77 @@ def settle_long_lived_objects() -> None:
 
 
 class Packager:
-    """Exports modules, finds or compiles their packages, loads them; counts the seconds and cache hits."""
+    """Finds or compiles the packages of one model's parts, loads them; counts the seconds and cache hits."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
         self.seconds = 0.0  # export + compile (or find) + load, all packages
         self._store: PackageStore | None = None  # made at the first package
+        self._model_id: str | None = None
+
+    @property
+    def store(self) -> PackageStore:
+        if self._store is None:
+            self._store = PackageStore()
+        return self._store
+
+    @property
+    def model_id(self) -> str:
+        """:func:`~app.acceleration.aot_key.model_id` of the model, computed once."""
+        if self._model_id is None:
+            self._model_id = model_id(self.model)
+        return self._model_id
 
     @property
     def cache_hits(self) -> int:
         """Packages found already built in the package cache rather than compiled."""
         return 0 if self._store is None else self._store.hits
 
+    def built(self) -> set[str]:
+        """The names of this model's packages noted in the cache (built before, by any process)."""
+        return self.store.noted(self.model_id)
+
     def package(
         self, module: nn.Module, args: tuple, shapes: tuple, name: str, *, frozen: bool
     ) -> FlatRunner:
-        """``module`` exported over ``args`` with the symbolic sizes ``shapes``, compiled with AOTInductor
-        (``frozen``: with inductor's freezing) or found built in the package cache, and loaded; the time it
-        took is added to :attr:`seconds`."""
+        """``module`` over ``args`` with the symbolic sizes ``shapes``: its package found in the package
+        cache, or exported, compiled with AOTInductor (``frozen``: with inductor's freezing) and stored;
+        loaded. The time it took is added to :attr:`seconds`."""
         started = time.perf_counter()
-        # A size of one (a cache of one position, at step 1) stays symbolic instead of specialized to it
-        size_oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
-        with torch.no_grad(), warnings.catch_warnings(), size_oblivious:
-            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, raised inside export
-            # One eager call first: kernels draw their fixed random tensors at first use (LSH's rotations,
-            # FAVOR's features, from a seeded generator), which a package cannot do; drawn, they are constants
-            module(*args)
-            program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
-            if self._store is None:
-                self._store = PackageStore()
-            try:
-                package = self._store.load_or_build(program, name, {"freezing": frozen})
-            except Exception:
-                if not frozen:
-                    raise
-                # Inductor's freezing fails on some graphs that compile without it (the FAVOR encoder of
-                # several sentences: its lifted random features); unfrozen, the products stay MKL's
-                package = self._store.load_or_build(program, name, {"freezing": False})
-            runner = FlatRunner(package)
-        del program
-        settle_long_lived_objects()
+        try:
+            package = self.load_or_build(module, args, shapes, name, {"freezing": frozen})
+        except Exception:
+            if not frozen:
+                raise
+            # Inductor's freezing fails on some graphs that compile without it (the FAVOR encoder of
+            # several sentences: its lifted random features); unfrozen, the products stay MKL's
+            package = self.load_or_build(module, args, shapes, name, {"freezing": False})
         self.seconds += time.perf_counter() - started
-        return runner
+        return FlatRunner(package)
+
+    def load_or_build(self, module: nn.Module, args: tuple, shapes: tuple, name: str, configs: dict) -> Any:
+        """The package of ``module`` compiled with ``configs``, from the store or built into it."""
+        exported = []
+
+        def export() -> torch.export.ExportedProgram:
+            # A size of one (a cache of one position, at step 1) stays symbolic instead of specialized to it
+            size_oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
+            with torch.no_grad(), size_oblivious:
+                exported.append(torch.export.export(module, args, dynamic_shapes=shapes, strict=False))
+            return exported[-1]
+
+        # One eager call first: kernels draw their fixed random tensors at first use (LSH's rotations,
+        # FAVOR's features, from a seeded generator), which a package cannot do; drawn, they are constants
+        # (and in the key)
+        with torch.no_grad():
+            module(*args)
+        key = package_key(module, args, shapes, configs)
+        with warnings.catch_warnings():
+            for category in (FutureWarning, DeprecationWarning):  # torch's own, raised inside export/build
+                warnings.simplefilter("ignore", category)
+            package = self.store.load_or_build(key, name, export, configs)
+        self.store.note(self.model_id, name)
+        if exported:  # exporting built ~250k long-lived objects: out of later full collections
+            exported.clear()
+            settle_long_lived_objects()
+        return package

@@ -1,34 +1,31 @@
 """Decoding steps (greedy and beam search, one sentence or several) compiled ahead of time with
 AOTInductor, for the CPU.
 
-Why: a ``torch.compile``d step pays dynamo's entry on every call: guards over the model's parameters and
-the cache tensors, the step's bytecode, the runtime wrappers. At one row a step's products take ~1.1 ms
-and that entry ~0.3-0.4 ms (the profiler's "TorchDynamo Cache Lookup" and "Torch-Compiled Region" around
-the graph). ``torch.export`` traces the same step function once, with the source length S and the cache
-length T symbolic, AOTInductor compiles it into a shared library with the weights inside, and a call is
-then the library's C++ run of the graph, checking only its inputs' sizes.
+Why: at one row an eager step is ~745 aten calls, most of them tiny (views, layer norms, residual adds,
+head reshapes) around ~30 matrix products. ``torch.export`` traces the step once, with the source length S
+and the cache length T symbolic, AOTInductor fuses the small work into a few C++ kernels and compiles it all
+into a shared library with the weights inside; a call is the library's C++ run of the graph, checking only
+its inputs' sizes (a ``torch.compile``d step paid ~0.3-0.4 ms of guards per call on top: removed).
 
-What is compiled: :meth:`CompiledSteps.step <app.acceleration.compiled_step.CompiledSteps.step>`, the function
-``torch.compile`` compiles, for G rows per sentence (1 greedy, K with beam K, up to :data:`MAX_ROWS`): one
-package per G for one sentence (batch 1), and one per G for several with the sentence count B symbolic (2 to
-:data:`MAX_SENTENCES`: a batch of 64, and the batch as its sentences finish). The caches must be ones the
-compiled path can hand over plainly: no sliding window (its cache trims itself by a size test), no reduced
-cross-attention keys (Linformer's mask); a source of 2 tokens or more; from the second step on (T >= 1: the
-cache length is exported size-oblivious, so a cache of one position does not specialize it). The first
-step, which fills the cross-attention caches, and the encoder have packages of their own
-(:mod:`app.acceleration.aot_start`); anything else returns None and goes on to the ``torch.compile``d or
-eager step.
+What is compiled: :func:`~app.acceleration.step.decode_cached`, for G rows per sentence (1 greedy, K with
+beam K, up to :data:`MAX_ROWS`): one package per G for one sentence (batch 1), and one per G for several with
+the sentence count B symbolic (2 to :data:`~app.acceleration.aot_package.MAX_SENTENCES`: a batch of 64, and
+the batch as its sentences finish). The caches must be ones a package can take plainly: no sliding window
+(its cache trims itself by a size test), no reduced cross-attention keys (Linformer's mask); a source of 2
+tokens or more; from the second step on (T >= 1: the cache length is exported size-oblivious, so a cache of
+one position does not specialize it). The first step, which fills the cross-attention caches, and the
+encoder have packages of their own (:mod:`app.acceleration.aot_start`); anything else returns None and the
+model's own step runs.
+
 The self-attention caches come in as stored, with the reorder beam search holds back
 (:meth:`KVCache.held <app.attention.cache.KVCache.held>`) as row indices, and the package gathers the kept
 rows straight into the grown cache: one copy of the caches a step, where gathering first and then appending
 made two (beam 5 at batch 64: 1.045x). Packages of two rows or more are built with inductor's freezing, so
-their products run through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`), where the
-``torch.compile``d step's did not beat the eager engine's packed products above 64 rows (so it stops there). A
-package is needed at the first step that fits it: exported (~1 s), then found in the package cache of
-:mod:`app.acceleration.aot_cache` (kept across processes, named by a digest of the program and its weights) or
-compiled into it (~13-25 s on 2 CPU cores); the time is reported with the compile time. Fallback: an export or
-compile error is warned about once and the steps of that shape (one sentence or several, rows per sentence)
-stay on the other path; the other shapes' packages go on.
+their products run through oneDNN over weights packed at build (:data:`FROZEN_FROM_ROWS`). A package is
+needed at the first step that fits it: found in the package cache of :mod:`app.acceleration.aot_cache`
+(kept across processes) or exported and compiled into it (~13-25 s on 2 CPU cores); the time is reported
+apart. Fallback: an export or compile error is warned about once and the steps of that shape (one sentence
+or several, rows per sentence) stay on the model's own code; the other shapes' packages go on.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""The Transformer's cached decoding step as a function of plain tensors: what every compiled path traces.
+"""The Transformer's cached decoding step as a function of plain tensors: what the packages compile.
 
 A :class:`~app.models.transformer.TransformerState` holds cache objects that grow, hold back reorders and
 carry per-kernel state; a compiler wants tensors in and tensors out. :class:`CacheTensors` reads a state's
 caches as tensors and :func:`decode_cached` runs the model's own :meth:`decode_step
 <app.models.transformer.Transformer.decode_step>` over fresh cache objects built around them, returning
-the grown self-attention caches. ``torch.compile`` (:mod:`app.acceleration.compiled_step`) and
-AOTInductor (:mod:`app.acceleration.aot_step`) both compile this one function, so a compiled step computes
-what the model computes, by construction.
+the grown self-attention caches. AOTInductor (:mod:`app.acceleration.aot_step`) compiles this one function,
+so a compiled step computes what the model computes, by construction.
 """
 
 from __future__ import annotations

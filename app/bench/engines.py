@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from app.acceleration.decoding import COMPILE_MODES
+from app.acceleration.auto import COMPILE_MODES
 from app.attention.registry import available_kernels
 from app.bench.decoding import read_lines
 from app.bench.engine_kernels import KernelVariant, open_kernel_engines

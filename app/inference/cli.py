@@ -29,7 +29,7 @@ from typing import TextIO
 
 import torch
 
-from app.acceleration.decoding import COMPILE_MODES
+from app.acceleration.auto import COMPILE_MODES
 from app.checkpoint import CheckpointError
 from app.decoding import Sampling
 from app.inference.engine import Engine, SearchSettings, Translation
@@ -114,14 +114,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_compile_arg(parser: argparse.ArgumentParser) -> None:
-    """``--compile auto|on|aot|off`` for the torch engine's decoding steps, shared with scripts/serve.py."""
+    """``--compile auto|aot|off`` for the torch engine's decoding, shared with scripts/serve.py."""
     parser.add_argument(
         "--compile",
         choices=COMPILE_MODES,
-        default="off",
-        help="torch engine: compile the decoding steps with torch.compile (inductor), tens of seconds "
-        "once per process for faster steps; auto = on the CPU only; aot = on, plus the steps (greedy and "
-        "beams, any batch) compiled ahead of time (AOTInductor, CPU); falls back to eager (default off)",
+        default="auto",
+        help="torch engine on a CPU: decode through AOTInductor packages (built once per machine, ~15 s "
+        "each, kept in ~/.cache/attn-mt/aot): aot always, off never, auto (default) once they pay for "
+        "themselves on what is being translated (a server builds them before it listens)",
     )
 
 

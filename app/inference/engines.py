@@ -161,7 +161,8 @@ def open_engine(
 
     ``threads`` > 0 sets the CPU threads once, here (torch's intra-op pool, CTranslate2's intra_threads).
     ``ensemble`` checkpoints decode together with ``path`` (torch engine; see :class:`Ensemble`).
-    ``compile`` (auto | on | off) compiles the torch engine's decoding steps (CTranslate2 ignores it).
+    ``compile`` (auto | aot | off): the torch engine's decoding through AOTInductor packages
+    (:mod:`app.acceleration.auto`; CTranslate2 ignores it).
     A multilingual model's engine takes ``settings.target_lang`` and tags the sources itself, unless
     ``sources_tagged`` (see :func:`~app.inference.languages.with_languages`); ``engine.languages`` says
     which directions it was trained on.

@@ -9,12 +9,13 @@ kept, an empty input gives an empty output, and a source longer than the model a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 
-from app.acceleration.decoding import CompileReport, accelerate
+from app.acceleration.auto import Decoding, FixedDecoding, decoding_for
 from app.acceleration.packed_linear import pack_wide_linears
 from app.acceleration.weight_layout import store_column_major
 from app.checkpoint import CheckpointError, LoadedModel, load_model
@@ -57,26 +58,20 @@ class Translator(Engine):
         source: str = "<in memory>",
     ) -> None:
         self.model = model
-        self.searched: Seq2Seq = model  # what search runs: the model, or it wrapped by :meth:`compile`
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.source = source
         self.compile_mode = "off"
-        self.eager_reason: str | None = None  # why compile_mode did not compile (None: it did, or off)
+        self.decoding: Decoding = FixedDecoding(model, "off")  # which model each batch searches with
 
     def compile(self, mode: str) -> None:
-        """Search through compiled decoding: ``mode`` auto | on | aot | off (see
-        :func:`~app.acceleration.decoding.accelerate`); where it cannot, decoding stays eager."""
+        """Decode through AOTInductor packages: ``mode`` auto | aot | off (see :mod:`app.acceleration.auto`);
+        where they cannot be used, decoding stays eager."""
         self.compile_mode = mode
-        self.searched, reason = accelerate(self.model, mode)
-        self.eager_reason = None if mode == "off" else reason
+        self.decoding = decoding_for(self.model, mode)
 
     def compile_report(self) -> str | None:
-        """Graphs compiled and the seconds they took (paid once per process), or why decoding is eager."""
-        if self.compile_mode == "off":
-            return None
-        if self.eager_reason is not None:
-            return f"decoding eager (compile={self.compile_mode}): {self.eager_reason}"
-        return CompileReport.of(self.searched).line()
+        """How decoding ran: packages and the seconds they took (once per process), or why it was eager."""
+        return self.decoding.report()
 
     @property
     def device(self) -> torch.device:
@@ -185,15 +180,21 @@ class Translator(Engine):
     def hypotheses(self, sources: list[list[int]], settings: SearchSettings) -> list[list[Hypothesis]]:
         """Search for every source (ids incl. EOS); batches of similar length, results in input order."""
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        with evaluating(self.searched):
+        left = len(sources)
+        with evaluating(self.model):
             for batch_ids in length_sorted_batches(sources, settings.batch_size):
                 src = pad_batch([sources[i] for i in batch_ids], self.src_tokenizer.pad_id).to(self.device)
-                for index, hyps in zip(batch_ids, self.search(src, settings), strict=True):
+                model = self.decoding.model_for(left, len(batch_ids), settings.beam)
+                started = time.perf_counter()
+                for index, hyps in zip(batch_ids, self.search(model, src, settings), strict=True):
                     results[index] = hyps
+                self.decoding.record(model, len(batch_ids), time.perf_counter() - started)
+                left -= len(batch_ids)
         return results
 
-    def search(self, src: torch.Tensor, settings: SearchSettings) -> list[list[Hypothesis]]:
-        """``settings.nbest`` hypotheses, best first, for each row of ``src`` (B, S)."""
+    def search(self, model: Seq2Seq, src: torch.Tensor, settings: SearchSettings) -> list[list[Hypothesis]]:
+        """``settings.nbest`` hypotheses by ``model`` (this translator's, or it compiled), best first, for
+        each row of ``src`` (B, S)."""
         tok = self.tgt_tokenizer
         limits = output_limits(
             src,
@@ -209,19 +210,21 @@ class Translator(Engine):
             "banned": (tok.pad_id, tok.bos_id),
         }
         if settings.sampling is not None:
-            return self.sample(src, settings, common)
+            return self.sample(model, src, settings, common)
         if settings.beam == 1:
-            return [[h] for h in greedy_hypotheses(self.searched, src, **common)]
+            return [[h] for h in greedy_hypotheses(model, src, **common)]
         return beam_hypotheses(
-            self.searched, src, beam_size=settings.beam, alpha=settings.alpha, nbest=settings.nbest, **common
+            model, src, beam_size=settings.beam, alpha=settings.alpha, nbest=settings.nbest, **common
         )
 
-    def sample(self, src: torch.Tensor, settings: SearchSettings, common: dict) -> list[list[Hypothesis]]:
+    def sample(
+        self, model: Seq2Seq, src: torch.Tensor, settings: SearchSettings, common: dict
+    ) -> list[list[Hypothesis]]:
         """``nbest`` samples per row (each row repeated), sorted by score: one seeded draw per batch."""
         n = settings.nbest
         rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
         common = {**common, "limits": common["limits"][rows]}
-        drawn = sample_search(self.searched, src[rows], settings.sampling, **common)
+        drawn = sample_search(model, src[rows], settings.sampling, **common)
         return [sorted(drawn[i * n : (i + 1) * n], key=lambda h: -h.score) for i in range(src.size(0))]
 
 
@@ -250,7 +253,7 @@ def load_translator(
 ) -> tuple[Translator, dict]:
     """A ready :class:`Translator` for checkpoint ``path`` on ``device``, and the run config stored in it.
 
-    ``compile`` (auto | on | aot | off) compiles the decoding steps, see :meth:`Translator.compile`.
+    ``compile`` (auto | aot | off): decoding through AOTInductor packages, see :meth:`Translator.compile`.
     With ``ensemble`` checkpoints, they decode together with ``path`` as one :class:`Ensemble` (their
     distributions averaged per token); all must share ``path``'s tokenizers, and the config is ``path``'s.
     """

@@ -14,7 +14,7 @@ import torch
 from helpers.models import TINY_TRANSFORMER
 from helpers.training import subprocess_env
 
-from app.acceleration.compiled_step import compile_available
+from app.acceleration.step import compile_available
 from app.bench import engines as bench_engines
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
@@ -86,7 +86,7 @@ def test_bench_engines_rejects_an_unknown_engine(tmp_path: Path, capsys: pytest.
 def test_bench_engines_compile_needs_the_checkpoint_as_trained(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert bench_engines.main([str(tmp_path / "x.ckpt"), "--kernels", "eager", "--compile", "on"]) == 2
+    assert bench_engines.main([str(tmp_path / "x.ckpt"), "--kernels", "eager", "--compile", "aot"]) == 2
     assert "--compile applies to the checkpoint as trained" in capsys.readouterr().err
 
 
@@ -98,12 +98,12 @@ def test_bench_engines_compiles_the_torch_engine_before_timing(
     checkpoint, source, reference = tiny_run(checkpoint_factory, tmp_path)
     out = tmp_path / "bench.json"
     args = [str(checkpoint), "--source", str(source), "--reference", str(reference), "--limit", "4"]
-    args += ["--engines", "torch-fp32", "--threads", "1", "--batches", "1", "4", "--beams", "1", "2"]
-    args += ["--rounds", "1", "--compile", "on", "--json", str(out)]
+    args += ["--engines", "torch-fp32", "--threads", "1", "--batches", "1", "--beams", "1"]
+    args += ["--rounds", "1", "--compile", "aot", "--json", str(out)]
     run = run_script(*args)
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(out.read_text())
-    assert result["config"]["compile"] == "on"
-    assert result["compile_report"].startswith("decoding steps compiled:")
-    assert "Torch engines, compile=on: decoding steps compiled" in run.stdout
-    assert {(r["batch"], r["beam"]) for r in result["rows"]} == {(1, 1), (1, 2), (4, 1), (4, 2)}
+    assert result["config"]["compile"] == "aot"
+    assert result["compile_report"].startswith("decoding compiled ahead of time: 3 package(s)")
+    assert "Torch engines, compile=aot: decoding compiled ahead of time" in run.stdout
+    assert {(r["batch"], r["beam"]) for r in result["rows"]} == {(1, 1)}

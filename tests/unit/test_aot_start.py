@@ -34,7 +34,7 @@ def aot_model(
     )
     with torch.no_grad():
         model.output.weight.mul_(3.0)
-    fast, reason = accelerate(model, "aot")
+    fast, reason = accelerate(model)
     assert reason is None
     return model, fast
 
@@ -86,7 +86,7 @@ def test_an_encoder_that_fails_to_export_stays_eager_alone(
         _, _, memory = first_step(fast, src)
     assert "this encoder does not export" in fast.start.failures["encoder"]
     assert set(fast.start.runners) == {("first step", True)}  # the first step still packaged
-    assert "this encoder does not export" in CompileReport.of(fast).package_failure
+    assert "this encoder does not export" in CompileReport.of(fast).failure
     with torch.no_grad():
         torch.testing.assert_close(memory, model.encode(src).memory)
 
