@@ -25,6 +25,7 @@ import logging
 from typing import Protocol
 
 from app.acceleration.decoding import CompiledDecoding, CompileReport, accelerate
+from app.acceleration.step import compile_available
 from app.models.seq2seq import Seq2Seq
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class AutoDecoding:
     def __init__(self, model: Seq2Seq, packaged: Seq2Seq) -> None:
         self.model, self.packaged = model, packaged
         self.switched = False
+        self.unavailable: str | None = None  # why packages cannot be built here, found when switching
         self.eager_seconds, self.eager_sentences = 0.0, 0
         self.estimate = ""  # the last comparison made, for the report
 
@@ -94,11 +96,17 @@ class AutoDecoding:
         gain = GAIN_ONE_ROW if sentences == beam == 1 else GAIN_ROWS
         cost = self.one_time_cost(sentences, beam)
         self.estimate = f"{gain:.0%} of ~{to_come:.1f} s against ~{cost:.1f} s for the packages"
-        if gain * to_come > cost:
+        if gain * to_come > cost and self.can_build():
             self.switched = True
             log.info("compile=auto: switching to ahead-of-time packages (%s)", self.estimate)
             return self.packaged
         return self.model
+
+    def can_build(self) -> bool:
+        """Whether inductor finds a C++ compiler (looked for once, when packages would first pay)."""
+        if self.unavailable is None:
+            self.unavailable = compile_available() or ""
+        return not self.unavailable
 
     def one_time_cost(self, sentences: int, beam: int) -> float:
         """Seconds to build or load the packages a batch of ``sentences`` at ``beam`` needs, every member."""
@@ -124,7 +132,7 @@ class AutoDecoding:
         if self.switched:
             packages = CompileReport.of(self.packaged).line()
             return f"compile=auto: ahead-of-time packages ({self.estimate}); {packages}"
-        why = f": {self.estimate}" if self.estimate else ""
+        why = f": {self.unavailable or self.estimate}" if self.estimate else ""
         return f"compile=auto: decoded eagerly, {self.eager_sentences} sentences{why}"
 
 
@@ -134,7 +142,7 @@ def decoding_for(model: Seq2Seq, mode: str) -> Decoding:
         raise ValueError(f"compile={mode!r} is not one of {', '.join(COMPILE_MODES)}")
     if mode == "off":
         return FixedDecoding(model, "off")
-    packaged, reason = accelerate(model)
+    packaged, reason = accelerate(model, check_compiler=mode == "aot")
     if reason is not None:
         return FixedDecoding(model, mode, reason)
     return AutoDecoding(model, packaged) if mode == "auto" else FixedDecoding(packaged, "aot")

@@ -87,17 +87,19 @@ class CompiledDecoding(Seq2Seq):
         return self.model.cross_attention(src, tgt_in, layer=layer, head=head)
 
 
-def accelerate(model: Seq2Seq) -> tuple[Seq2Seq, str | None]:
+def accelerate(model: Seq2Seq, *, check_compiler: bool = True) -> tuple[Seq2Seq, str | None]:
     """``model`` with every Transformer wrapped in :class:`CompiledDecoding` (an ensemble's members one by
     one: they may differ in family), sharing its parameters; or ``model`` itself and why packages cannot be
-    used here (None: they can; a package that fails later still falls back, shape by shape)."""
+    used here (None: they can; a package that fails later still falls back, shape by shape).
+    ``check_compiler=False`` leaves out the look for a C++ compiler (importing inductor: ~2 s), for a
+    caller that may never build a package (:class:`~app.acceleration.auto.AutoDecoding`)."""
     members = list(model.members) if isinstance(model, Ensemble) else [model]
     if not any(isinstance(m, Transformer) for m in members):
         return model, f"{type(model).__name__} has no Transformer decoder"
     device = next(model.parameters()).device
     if device.type != "cpu":
         return model, f"ahead-of-time packages are built for the CPU (the model is on {device})"
-    if (reason := compile_available()) is not None:
+    if check_compiler and (reason := compile_available()) is not None:
         return model, reason
     wrapped = [CompiledDecoding(m) if isinstance(m, Transformer) else m for m in members]
     decoding = Ensemble(wrapped) if isinstance(model, Ensemble) else wrapped[0]
