@@ -15,13 +15,17 @@ WARM_UP_SOURCES = ("a b c d e f", "g h i j k l m n o")  # any text: only the sha
 WARM_UP_BEAMS = (1, 5)  # greedy and a request's default beam (at batch 1: an ahead-of-time package each)
 
 
-def warm_up(engine: Engine, beams: tuple[int, ...] = WARM_UP_BEAMS) -> str | None:
-    """Build ``engine``'s decoding packages now for requests at ``beams``, where it uses packages at all;
-    returns its compile report."""
+def warm_up(
+    engine: Engine,
+    beams: tuple[int, ...] = WARM_UP_BEAMS,
+    counts: tuple[int, ...] = (1, len(WARM_UP_SOURCES)),
+) -> str | None:
+    """Build ``engine``'s decoding packages now for requests at ``beams`` of ``counts`` sentences, where it
+    uses packages at all; returns its compile report."""
     inner = getattr(engine, "engine", engine)  # a multilingual wrapper: its tags change no shapes
     if getattr(inner, "compile_mode", "off") == "off":
         return None
     for beam in beams:
-        for count in (1, len(WARM_UP_SOURCES)):
+        for count in counts:
             inner.translate(list(WARM_UP_SOURCES[:count]), SearchSettings(beam=beam, batch_size=count))
     return inner.compile_report()
