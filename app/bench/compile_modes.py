@@ -93,12 +93,12 @@ def worker(checkpoint: str, mode: str, source: str, latency: int, batch: int) ->
     import torch
 
     from app.inference.engine import SearchSettings
-    from app.inference.translator import load_translator
+    from app.inference.torch_engine import load_torch_engine
 
     if threads := int(os.environ.get("ATTN_MT_BENCH_THREADS", "0")):
         torch.set_num_threads(threads)
     lines = Path(source).read_text(encoding="utf-8").splitlines()
-    translator, _ = load_translator(checkpoint, compile=mode)
+    translator, _ = load_torch_engine(checkpoint, compile=mode)
     greedy, beam = SearchSettings(beam=1, batch_size=1), SearchSettings(beam=5, batch_size=64)
     started = time.perf_counter()
     translator.translate(lines[:2], greedy)

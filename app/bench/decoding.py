@@ -34,7 +34,7 @@ from app.bench.decode_split import timed_parts
 from app.bench.timing import REPO_ROOT
 from app.inference.engine import SearchSettings
 from app.inference.evaluate import evaluate
-from app.inference.translator import Translator, load_translator
+from app.inference.torch_engine import TorchEngine, load_torch_engine
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -72,7 +72,7 @@ def test_files(config: dict[str, Any]) -> tuple[Path | None, Path | None]:
     return tuple(REPO_ROOT / test[side] if test.get(side) else None for side in ("src", "tgt"))
 
 
-def time_parts(translator: Translator, sentences: list[str], settings: SearchSettings) -> dict:
+def time_parts(translator: TorchEngine, sentences: list[str], settings: SearchSettings) -> dict:
     """One more translation of ``sentences``, its seconds split into encoder, decoder steps and the rest."""
     with timed_parts(translator.model) as split:
         started = time.perf_counter()
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    translator, config = load_translator(args.checkpoint, device=args.device)
+    translator, config = load_torch_engine(args.checkpoint, device=args.device)
     default_src, default_ref = test_files(config)
     source = args.source or default_src
     if source is None or not source.is_file():

@@ -45,7 +45,7 @@ from app.data.multilingual import Languages
 from app.export.ct2 import ExportError, check_exportable, save_ct2
 from app.inference.engine import Engine
 from app.inference.languages import with_languages
-from app.inference.translator import Translator
+from app.inference.torch_engine import TorchEngine
 from app.models import build_model
 from app.models.seq2seq import Seq2Seq
 
@@ -272,8 +272,8 @@ def open_kernel_engines(
                 continue
             if not any(kind in CT2_QUANTIZATION for kind in kinds):
                 variant.ct2_refused = None  # not asked for: nothing to report
-            store_column_major(loaded.model)  # as load_translator does: the torch engine as users get it
-            translator = Translator(
+            store_column_major(loaded.model)  # as load_torch_engine does: the torch engine as users get it
+            translator = TorchEngine(
                 loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=variant.checkpoint
             )
             torch_engine = with_languages(translator, Languages.from_config(loaded.config))

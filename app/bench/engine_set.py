@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from app.export.ct2 import export_ct2
+from app.inference.ct2_engine import CT2Engine
 from app.inference.engine import Engine, SearchSettings, Translation, Truncated
-from app.inference.engines import CT2Engine, open_engine
+from app.inference.engines import open_engine
 
 ENGINE_KINDS = ("torch-fp32", "torch-bf16", "ct2-fp32", "ct2-int8")
 CT2_QUANTIZATION = {"ct2-fp32": "float32", "ct2-int8": "int8"}

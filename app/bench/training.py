@@ -166,7 +166,7 @@ def measure(
         "precision": precision,
         "attention": OmegaConf.to_container(cfg.attention, resolve=True),
         "fused_adamw": cfg.optim.fused,
-        "compile": cfg.compile,
+        "compile_model": cfg.compile_model,
         "passes_per_batch": run.module.passes_per_batch,
         "threads": torch.get_num_threads(),
         "parameters": run.module.model.num_parameters(),

@@ -1,8 +1,10 @@
 """One measuring process of :mod:`app.bench.versions`: times the torch engine of whichever tree ``app`` was
 imported from (the orchestrator copies this file into the baseline's tree) and CTranslate2 float32.
 
-Uses only what every version since the CTranslate2 engine has: ``load_translator``, ``SearchSettings``,
-``CT2Engine``; a compile mode other than "off" is passed to versions whose ``load_translator`` takes one.
+Uses only what every version since the CTranslate2 engine has: a torch engine's loader (``load_torch_engine``
+in ``app.inference.torch_engine``, ``load_translator`` in ``app.inference.translator`` before 2026-11-28),
+``SearchSettings``, ``CT2Engine``; a compile mode other than "off" is passed to versions whose loader takes
+one.
 Prints one JSON object: seconds per case, each case's outputs, and the warm-up's seconds (with compiled
 decoding steps, the compile time: every case runs once untimed first, so no graph compiles while timed).
 """
@@ -61,17 +63,21 @@ def time_engine(engine, sentences: list[str], latency_lines: int, max_len: int) 
 def main(argv: list[str]) -> int:
     """argv: checkpoint, source file, sentence limit, latency lines, most output tokens, CTranslate2 export
     folder or '-', and optionally the torch engine's compile mode (default off)."""
-    from app.inference.engines import CT2Engine
-    from app.inference.translator import load_translator
+    try:
+        from app.inference.ct2_engine import CT2Engine
+        from app.inference.torch_engine import load_torch_engine
+    except ImportError:  # a version before the engines' modules were named for them
+        from app.inference.engines import CT2Engine
+        from app.inference.translator import load_translator as load_torch_engine
 
     checkpoint, source, limit, latency_lines, max_len, ct2_dir, *rest = argv
     compile_mode = rest[0] if rest else "off"
     torch.set_num_threads(1)
     sentences = read_lines(source, int(limit))
     options = {}
-    if compile_mode != "off" and "compile" in inspect.signature(load_translator).parameters:
+    if compile_mode != "off" and "compile" in inspect.signature(load_torch_engine).parameters:
         options["compile"] = compile_mode
-    translator, _ = load_translator(checkpoint, device="cpu", **options)
+    translator, _ = load_torch_engine(checkpoint, device="cpu", **options)
     result = {"torch-fp32": time_engine(translator, sentences, int(latency_lines), int(max_len))}
     report = getattr(translator, "compile_report", lambda: None)()
     result["compile"] = {"mode": options.get("compile", "off"), "report": report}

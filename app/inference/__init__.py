@@ -1,2 +1,2 @@
-"""Inference: the :class:`~app.inference.translator.Translator`, the ``translate.py`` command line and
+"""Inference: the :class:`~app.inference.torch_engine.TorchEngine`, the ``translate.py`` command line and
 test-set evaluation. Nothing here imports Lightning or Hydra."""

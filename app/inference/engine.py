@@ -1,7 +1,7 @@
 """The one interface of inference: an :class:`Engine` takes sentences and gives ranked translations.
 
-Two engines implement it: :class:`~app.inference.translator.Translator` (our PyTorch model and search,
-from a checkpoint) and :class:`~app.inference.engines.CT2Engine` (a CTranslate2 export). The command
+Two engines implement it: :class:`~app.inference.torch_engine.TorchEngine` (our PyTorch model and search,
+from a checkpoint) and :class:`~app.inference.ct2_engine.CT2Engine` (a CTranslate2 export). The command
 line, test-set evaluation, choosing on validation, the server, the benchmarks and the reports all take
 an ``Engine`` and never ask which one it is: what only some engines can do (attention maps) is a method
 of the interface that the others refuse with a ValueError naming the engine.

@@ -85,7 +85,7 @@ def run_tokenizers(corpora: Corpora, data: Mapping[str, Any], start: LoadedModel
 def run_model(config: Mapping[str, Any], tokenizers: Tokenizers, start: LoadedModel | None) -> Seq2Seq:
     """The configured model for these vocabularies, holding the warm start's weights if there is one.
 
-    With ``compile=true`` it is compiled in place (parameter names, and so checkpoints, stay the same).
+    With ``compile_model=true`` it is compiled in place (parameter names, and so checkpoints, stay the same).
     """
     src_tok, tgt_tok = tokenizers
     model = build_model(
@@ -98,7 +98,7 @@ def run_model(config: Mapping[str, Any], tokenizers: Tokenizers, start: LoadedMo
     if start is not None:
         load_weights(model, start, config, source=config["init_from"])
     log.info("model: %s parameters", f"{model.num_parameters():,}")
-    if config.get("compile"):
+    if config.get("compile_model"):
         model.compile(dynamic=True)
     return model
 
@@ -108,7 +108,7 @@ def run_module(
 ) -> TranslationModule:
     """The LightningModule: the ``optim`` settings, the schedule built once, the validation split."""
     optim = {key: value for key, value in config["optim"].items() if key not in SCHEDULE_KEYS}
-    if config.get("compile"):
+    if config.get("compile_model"):
         optim["fused_loss"] = False  # compile covers forward(); the fused loss would bypass it
     return TranslationModule(
         model=model,

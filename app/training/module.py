@@ -20,7 +20,7 @@ from app.data.corpora import Split
 from app.data.tokenizer import Tokenizer
 from app.inference.directions import direction_scores, mean_scores
 from app.inference.engine import SearchSettings
-from app.inference.translator import Translator
+from app.inference.torch_engine import TorchEngine
 from app.models.seq2seq import Seq2Seq
 from app.training.distributed import gather_objects
 from app.training.losses import label_smoothed_nll, linear_smoothed_nll, symmetric_kl
@@ -78,7 +78,7 @@ class TranslationModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.model = model
-        self.translator = Translator(model, src_tokenizer, tgt_tokenizer)
+        self.translator = TorchEngine(model, src_tokenizer, tgt_tokenizer)
         self.config = config  # the resolved run config, stored in every checkpoint
         self.label_smoothing = label_smoothing
         if rdrop_alpha < 0:

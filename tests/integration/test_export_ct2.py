@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from app.export.ct2 import ExportError, check_exportable, export_ct2
+from app.inference.ct2_engine import CT2Engine
 from app.inference.engine import SearchSettings
-from app.inference.engines import CT2Engine, open_engine
-from app.inference.translator import Translator
+from app.inference.engines import open_engine
+from app.inference.torch_engine import TorchEngine
 from app.models import build_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -80,7 +81,7 @@ def test_ct2_greedy_equals_torch_greedy(
         p.name for p in exported.iterdir()
     }
     torch_engine, ct2_engine = open_engine(ckpt), open_engine(exported)
-    assert isinstance(torch_engine, Translator) and isinstance(ct2_engine, CT2Engine)
+    assert isinstance(torch_engine, TorchEngine) and isinstance(ct2_engine, CT2Engine)
     greedy = SearchSettings(beam=1, batch_size=2)
     expected = torch_engine.translate_nbest(SENTENCES, greedy, details=True)
     got = ct2_engine.translate_nbest(SENTENCES, greedy, details=True)

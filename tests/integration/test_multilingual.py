@@ -27,7 +27,7 @@ from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
 from app.inference.languages import TaggedEngine
 from app.inference.run_scoring import rescore_run
-from app.inference.translator import Translator
+from app.inference.torch_engine import TorchEngine
 from app.reports.multilingual import build_report
 from app.serving import ServerLimits, create_app
 from app.training.build import subword_tokenizers
@@ -245,7 +245,7 @@ def test_a_bilingual_checkpoint_is_used_as_before(
     stored[CHECKPOINT_KEY]["config"]["data"] = {"src_lang": "de", "tgt_lang": "en"}
     save_atomically(stored, path)
     engine = open_engine(path)
-    assert isinstance(engine, Translator) and not engine.languages.tagged
+    assert isinstance(engine, TorchEngine) and not engine.languages.tagged
     assert main([str(path), "--beam", "1", "Ein Hund."]) == 0
     plain = capsys.readouterr().out
     assert main([str(path), "--beam", "1", "--tgt-lang", "en", "Ein Hund."]) == 0

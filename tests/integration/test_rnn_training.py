@@ -7,7 +7,7 @@ import torch
 from helpers.rnn import ATTENTIONS
 
 from app.data.tokenizer import Tokenizer
-from app.inference.translator import pad_batch
+from app.inference.torch_engine import pad_batch
 from app.models import build_model
 from app.training.losses import label_smoothed_nll
 

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from app.checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, read_checkpoint
 from app.inference.engine import SearchSettings
-from app.inference.translator import load_translator
+from app.inference.torch_engine import load_torch_engine
 from app.training.losses import label_smoothed_nll
 from app.training.module import NonFiniteLossError
 from app.training.optim import Schedule, build_optimizer
@@ -315,7 +315,7 @@ def test_average_script_writes_a_translatable_checkpoint(two_checkpoints: list[P
     written = read_checkpoint(out)
     for name, value in expected["state_dict"].items():
         assert torch.equal(written["state_dict"][name], value), name
-    translator, _ = load_translator(out)
+    translator, _ = load_torch_engine(out)
     assert len(translator.translate(["Ein Hund."], SearchSettings(beam=1, max_len=5))) == 1
 
 

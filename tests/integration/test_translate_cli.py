@@ -23,7 +23,7 @@ from helpers.training import REPO_ROOT
 from app.inference.cli import main, parse_args, translate_stream
 from app.inference.engine import SearchSettings
 from app.inference.evaluate import evaluate
-from app.inference.translator import Translator, load_translator
+from app.inference.torch_engine import TorchEngine, load_torch_engine
 from app.training.losses import label_smoothed_nll
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -74,8 +74,8 @@ def checkpoint(
 
 
 @pytest.fixture(scope="module")
-def translator(checkpoint: Path) -> Translator:
-    return load_translator(checkpoint)[0]
+def translator(checkpoint: Path) -> TorchEngine:
+    return load_torch_engine(checkpoint)[0]
 
 
 def run_cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
@@ -98,7 +98,7 @@ def output_lines(data: bytes) -> list[str]:
     return text.split("\n")[:-1]
 
 
-def test_stdin_one_line_out_per_line_in(checkpoint: Path, translator: Translator) -> None:
+def test_stdin_one_line_out_per_line_in(checkpoint: Path, translator: TorchEngine) -> None:
     stdin = b"".join(raw for raw, _ in STDIN_LINES)
     result = run_cli(str(checkpoint), "--beam", "1", stdin=stdin)
     stderr = result.stderr.decode()
@@ -119,7 +119,7 @@ def test_stdin_one_line_out_per_line_in(checkpoint: Path, translator: Translator
     assert f"limit of {MAX_POSITIONS - 1}; truncated" in stderr
 
 
-def test_sentences_as_arguments(checkpoint: Path, translator: Translator) -> None:
+def test_sentences_as_arguments(checkpoint: Path, translator: TorchEngine) -> None:
     sentences = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde\nspielen."]
     result = run_cli(str(checkpoint), "--beam", "2", *sentences)  # options may precede the sentences
     assert result.returncode == 0, result.stderr.decode()
@@ -133,7 +133,7 @@ def test_sentences_as_arguments(checkpoint: Path, translator: Translator) -> Non
 
 
 def test_input_and_output_files_with_beam_search(
-    checkpoint: Path, translator: Translator, tmp_path: Path
+    checkpoint: Path, translator: TorchEngine, tmp_path: Path
 ) -> None:
     source, target = tmp_path / "in.de", tmp_path / "out.en"
     source.write_bytes(b"".join(raw for raw, _ in STDIN_LINES))
@@ -218,7 +218,7 @@ def test_ensemble_option_decodes_both_checkpoints_as_one(
     ensembled = run_cli(str(checkpoint), "--ensemble", str(other), *args)
     assert ensembled.returncode == 0, ensembled.stderr.decode()
     ensembled_records = [json.loads(line) for line in output_lines(ensembled.stdout)]
-    translator = load_translator(checkpoint, ensemble=[other])[0]
+    translator = load_torch_engine(checkpoint, ensemble=[other])[0]
     expected = translator.hypotheses(translator.encode_sources(sentences), SearchSettings(beam=3))
     for record, single, hyps in zip(ensembled_records, records, expected, strict=True):
         assert record["hypotheses"][0]["score"] == pytest.approx(hyps[0].score, abs=1e-5)
@@ -238,14 +238,14 @@ def test_ensemble_of_a_missing_checkpoint_is_a_clear_error(
 
 
 @pytest.fixture(scope="module")
-def sentences(multi30k_slice: tuple[list[str], list[str]], translator: Translator) -> list[str]:
+def sentences(multi30k_slice: tuple[list[str], list[str]], translator: TorchEngine) -> list[str]:
     """Fourteen German captions short enough not to be truncated."""
     captions = multi30k_slice[0][100:200]
     lengths = [len(ids) for ids in translator.src_tokenizer.encode(captions)]
     return [c for c, n in zip(captions, lengths, strict=True) if n < MAX_POSITIONS - 1][:14]
 
 
-def test_model_copies_its_input(translator: Translator, sentences: list[str]) -> None:
+def test_model_copies_its_input(translator: TorchEngine, sentences: list[str]) -> None:
     # Guards the fixture: the tests below rely on translations that differ from line to line.
     outputs = translator.translate(sentences, SearchSettings(beam=1))
     assert len(set(outputs)) == len(sentences)
@@ -253,7 +253,7 @@ def test_model_copies_its_input(translator: Translator, sentences: list[str]) ->
 
 
 def stream(
-    translator: Translator, lines: list[str], settings: SearchSettings, interactive: bool = False
+    translator: TorchEngine, lines: list[str], settings: SearchSettings, interactive: bool = False
 ) -> str:
     out = io.StringIO()
     written = translate_stream(translator, lines, out, settings, interactive=interactive)
@@ -263,7 +263,7 @@ def stream(
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_batch_size_does_not_change_translations(
-    translator: Translator, sentences: list[str], beam: int
+    translator: TorchEngine, sentences: list[str], beam: int
 ) -> None:
     alone = stream(translator, sentences, SearchSettings(beam=beam, batch_size=1))
     batched = stream(translator, sentences, SearchSettings(beam=beam, batch_size=8))
@@ -272,7 +272,7 @@ def test_batch_size_does_not_change_translations(
 
 
 def lines_answered_before_each_read(
-    translator: Translator, lines: list[str], settings: SearchSettings, *, interactive: bool
+    translator: TorchEngine, lines: list[str], settings: SearchSettings, *, interactive: bool
 ) -> tuple[list[int], str]:
     """How many output lines had been written when each input line was read, and the output."""
     out = io.StringIO()
@@ -288,7 +288,7 @@ def lines_answered_before_each_read(
 
 
 def test_interactive_mode_answers_each_line_before_reading_the_next(
-    translator: Translator, sentences: list[str]
+    translator: TorchEngine, sentences: list[str]
 ) -> None:
     settings = SearchSettings(beam=1, batch_size=4)
     answered, output = lines_answered_before_each_read(translator, sentences[:6], settings, interactive=True)
@@ -300,7 +300,7 @@ def test_interactive_mode_answers_each_line_before_reading_the_next(
 
 
 def test_truncation_warnings_count_lines_across_groups(
-    translator: Translator, sentences: list[str], capsys: pytest.CaptureFixture[str]
+    translator: TorchEngine, sentences: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # batch_size=1 reads groups of 8 lines, so line 11 is the third line of the second group.
     lines = [*sentences[:10], LONG_LINE, *sentences[10:12], LONG_LINE]
@@ -310,7 +310,7 @@ def test_truncation_warnings_count_lines_across_groups(
     assert [w.split(":")[1].strip() for w in warnings] == ["line 11", "line 14"]
 
 
-def test_empty_input_writes_nothing(translator: Translator) -> None:
+def test_empty_input_writes_nothing(translator: TorchEngine) -> None:
     assert stream(translator, [], SearchSettings(beam=1)) == ""
     assert stream(translator, ["", " "], SearchSettings(beam=2)) == "\n\n"
 
@@ -318,7 +318,7 @@ def test_empty_input_writes_nothing(translator: Translator) -> None:
 # -- scoring: evaluate() and translate.py --ref --------------------------------------------------------------
 
 
-def test_evaluate_scores_and_times_the_translations(checkpoint: Path, translator: Translator) -> None:
+def test_evaluate_scores_and_times_the_translations(checkpoint: Path, translator: TorchEngine) -> None:
     sources = ["Ein Mann fährt Fahrrad.", "", "Eine Frau liest ein Buch."]
     settings = SearchSettings(beam=1, max_len=40)
     expected = translator.translate(sources, settings)
@@ -335,7 +335,7 @@ def test_evaluate_scores_and_times_the_translations(checkpoint: Path, translator
     assert evaluate(translator, sources, None, settings).scores is None  # speed only
 
 
-def test_evaluate_refuses_a_reference_count_mismatch(translator: Translator) -> None:
+def test_evaluate_refuses_a_reference_count_mismatch(translator: TorchEngine) -> None:
     with pytest.raises(ValueError, match="2 source sentences but 1 references"):
         evaluate(translator, ["Ein Hund.", "Zwei Hunde."], ["A dog."], SearchSettings(beam=1))
 

@@ -13,7 +13,7 @@ from helpers.rnn import ATTENTIONS, TINY_RNN, random_batch, tiny_rnn
 from app.inference.cli import main
 from app.inference.engine import AttentionMap, SearchSettings
 from app.inference.plot import attention_figure, plot_file_name, save_attention_plot
-from app.inference.translator import load_translator
+from app.inference.torch_engine import load_torch_engine
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -122,7 +122,7 @@ def rnn_checkpoint(checkpoint_factory: Callable[..., torch.nn.Module], tmp_path_
 
 
 def test_translator_maps_match_the_translation(rnn_checkpoint: Path) -> None:
-    translator, _ = load_translator(rnn_checkpoint)
+    translator, _ = load_torch_engine(rnn_checkpoint)
     sentences = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee."]
     settings = SearchSettings(beam=3, max_len=20)
     maps = translator.attention_maps(sentences, settings)

@@ -15,7 +15,7 @@ from app.checkpoint import (
     read_checkpoint,
     save_atomically,
 )
-from app.inference.translator import load_translator
+from app.inference.torch_engine import load_torch_engine
 from app.training import checkpoint_io
 from app.training.checkpoint_io import AtomicCheckpointIO
 
@@ -131,7 +131,7 @@ def test_load_translator_restores_the_model(
     good_checkpoint: tuple[Path, torch.nn.Module], spm_tokenizer
 ) -> None:
     path, model = good_checkpoint
-    translator, config = load_translator(path)
+    translator, config = load_torch_engine(path)
     assert config == {"model": MODEL_CFG, "attention": ATTENTION_CFG}
     assert not translator.model.training
     restored = translator.model.state_dict()

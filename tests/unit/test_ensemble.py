@@ -17,7 +17,7 @@ from app.data.subword_training import train_or_load
 from app.data.tokenizer import SubwordConfig, Tokenizer
 from app.decoding import beam_hypotheses, greedy_hypotheses, output_limits
 from app.inference.engine import SearchSettings
-from app.inference.translator import load_translator
+from app.inference.torch_engine import load_torch_engine
 from app.models import Transformer
 from app.models.ensemble import Ensemble, mean_probabilities
 from app.models.seq2seq import Seq2Seq
@@ -132,7 +132,7 @@ def test_load_translator_builds_an_ensemble_of_checkpoints(
     two_checkpoints: tuple[Path, Path], multi30k_slice: tuple[list[str], list[str]]
 ) -> None:
     first, second = two_checkpoints
-    translator, config = load_translator(first, ensemble=[second])
+    translator, config = load_torch_engine(first, ensemble=[second])
     assert isinstance(translator.model, Ensemble) and len(translator.model.members) == 2
     assert config["model"] == TINY_TRANSFORMER
     sentences = ["", *multi30k_slice[0][:5], "   "]
@@ -157,7 +157,7 @@ def test_members_with_different_vocabularies_are_refused_naming_both(
     other = tmp_path / "other_vocab.ckpt"
     checkpoint_factory(other, smaller, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
     with pytest.raises(CheckpointError, match=r"a\.ckpt and .*other_vocab\.ckpt.*200 and 150 pieces"):
-        load_translator(two_checkpoints[0], ensemble=[other])
+        load_torch_engine(two_checkpoints[0], ensemble=[other])
 
 
 def test_log_of_mean_not_mean_of_logs() -> None:

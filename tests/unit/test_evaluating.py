@@ -1,12 +1,12 @@
 """Translating puts a model in eval mode meanwhile and restores its root's mode; a model already in eval mode
-throughout is not walked again (``Translator``'s :func:`~app.inference.translator.evaluating`)."""
+throughout is not walked again (``TorchEngine``'s :func:`~app.inference.torch_engine.evaluating`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from app.inference.translator import evaluating
+from app.inference.torch_engine import evaluating
 
 
 def model() -> nn.Module:

@@ -84,8 +84,8 @@ def test_no_module_is_longer_than_400_lines(path: Path) -> None:
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     """The import walk finds imports inside functions too (where upward imports used to hide)."""
     source = tmp_path / "mod.py"
-    source.write_text("import os\n\ndef f():\n    from app.inference.translator import Translator\n")
-    assert imported_app_modules(source) == [(4, "app.inference.translator")]
+    source.write_text("import os\n\ndef f():\n    from app.inference.torch_engine import TorchEngine\n")
+    assert imported_app_modules(source) == [(4, "app.inference.torch_engine")]
 
 
 @pytest.mark.parametrize(

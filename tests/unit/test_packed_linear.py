@@ -22,7 +22,7 @@ from app.acceleration.packed_linear import (
 from app.acceleration.step import compile_available
 from app.decoding import beam_search, greedy_search, output_limits
 from app.inference.engine import SearchSettings
-from app.inference.translator import Translator, load_translator
+from app.inference.torch_engine import TorchEngine, load_torch_engine
 from app.models import Transformer
 
 pytestmark = [
@@ -142,7 +142,7 @@ def test_translators_loaded_on_the_cpu_pack_their_linears(
     model_cfg = {"family": "transformer", "d_model": 32, "num_heads": 4, "encoder_layers": 1}
     model_cfg |= {"decoder_layers": 1, "d_ff": d_ff, "max_positions": 64}
     model = checkpoint_factory(path, model_cfg=model_cfg, attention_cfg={"kernel": "eager"}).eval()
-    translator, _ = load_translator(path)
+    translator, _ = load_torch_engine(path)
     packed = {
         name: m.packed_min_rows for name, m in translator.model.named_modules() if hasattr(m, "packed_weight")
     }
@@ -150,7 +150,7 @@ def test_translators_loaded_on_the_cpu_pack_their_linears(
     assert len(wide) == 4 and all("ffn" in name for name in wide)  # 2 per layer, encoder and decoder
     linears = {name for name, m in translator.model.named_modules() if isinstance(m, torch.nn.Linear)}
     assert packed.keys() == linears  # the narrow ones too, from NARROW_MIN_ROWS rows
-    plain = Translator(model, translator.src_tokenizer, translator.tgt_tokenizer)
+    plain = TorchEngine(model, translator.src_tokenizer, translator.tgt_tokenizer)
     lines = ["ein Hund läuft .", "zwei Männer spielen Fußball auf einer Wiese .", ""]
     for settings in (SearchSettings(beam=1, batch_size=2), SearchSettings(beam=3, batch_size=2)):
         assert translator.translate(lines, settings) == plain.translate(lines, settings)

@@ -15,7 +15,7 @@ from app.acceleration.weight_layout import is_column_major, store_column_major
 from app.checkpoint import load_model
 from app.decoding import beam_search, greedy_search, output_limits
 from app.inference.engine import SearchSettings
-from app.inference.translator import Translator, load_translator
+from app.inference.torch_engine import TorchEngine, load_torch_engine
 from app.models import Transformer
 from app.models.seq2seq import Seq2Seq
 
@@ -84,11 +84,11 @@ def test_translators_loaded_on_the_cpu_decode_with_column_major_weights(
     model_cfg = {"family": "transformer", "d_model": 32, "num_heads": 4, "encoder_layers": 1}
     model_cfg |= {"decoder_layers": 1, "d_ff": 64, "max_positions": 64}
     checkpoint_factory(path, model_cfg=model_cfg, attention_cfg={"kernel": "eager"})
-    translator, _ = load_translator(path)
+    translator, _ = load_torch_engine(path)
     assert all(is_column_major(w) for w in linear_weights(translator.model).values())
     loaded = load_model(path)  # as stored: row-major
     assert not any(is_column_major(w) for w in linear_weights(loaded.model).values())
-    plain = Translator(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer)
+    plain = TorchEngine(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer)
     lines = ["ein Hund läuft .", "zwei Männer spielen Fußball auf einer Wiese .", ""]
     for settings in (SearchSettings(beam=1, batch_size=2), SearchSettings(beam=3, batch_size=2)):
         assert translator.translate(lines, settings) == plain.translate(lines, settings)

@@ -44,7 +44,7 @@ from app.models.seq2seq import Seq2Seq
 PathLike = str | os.PathLike[str]
 
 
-class Translator(Engine):
+class TorchEngine(Engine):
     """A trained model with its tokenizers, ready to translate text: the torch engine."""
 
     name = "torch"
@@ -244,16 +244,16 @@ def evaluating(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def load_translator(
+def load_torch_engine(
     path: PathLike,
     device: str | torch.device = "cpu",
     *,
     ensemble: Sequence[PathLike] = (),
     compile: str = "off",
-) -> tuple[Translator, dict]:
-    """A ready :class:`Translator` for checkpoint ``path`` on ``device``, and the run config stored in it.
+) -> tuple[TorchEngine, dict]:
+    """A ready :class:`TorchEngine` for checkpoint ``path`` on ``device``, and the run config stored in it.
 
-    ``compile`` (auto | aot | off): decoding through AOTInductor packages, see :meth:`Translator.compile`.
+    ``compile`` (auto | aot | off): decoding through AOTInductor packages, see :meth:`TorchEngine.compile`.
     With ``ensemble`` checkpoints, they decode together with ``path`` as one :class:`Ensemble` (their
     distributions averaged per token); all must share ``path``'s tokenizers, and the config is ``path``'s.
     """
@@ -270,7 +270,7 @@ def load_translator(
         keep_freed_memory()  # large step tensors reuse the heap instead of fresh, page-faulted mappings
         store_column_major(model)  # decoding streams the weights: the layout GEMM reads fastest
         pack_wide_linears(model)  # and the wide linears through oneDNN from 2 rows up
-    translator = Translator(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path))
+    translator = TorchEngine(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path))
     translator.compile(compile)
     return translator, loaded.config
 
