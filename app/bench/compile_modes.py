@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--threads", type=int, default=1, help="CPU threads of every process (0: translate.py's default)"
     )
     parser.add_argument(
+        "--steady-only", action="store_true", help="only the steady-state workers, one per mode a round"
+    )
+    parser.add_argument(
         "--warm-cache", help="the package cache of the cached aot runs, kept (default: a temporary one)"
     )
     parser.add_argument("--json", help="also write the figures here")
@@ -123,7 +126,9 @@ def run(args: argparse.Namespace) -> dict:
         one.write_text(lines[0] + "\n", encoding="utf-8")
         warm = Path(args.warm_cache) if args.warm_cache else Path(tmp) / "warm-cache"
         cases = {"1 sentence": ["-i", str(one)], f"{len(lines)} lines": ["-i", str(source)]}
-        variants = [(m, "cold") if m != "off" else (m, "") for m in args.modes]
+        if args.steady_only:
+            cases = {}
+        variants = [(m, "cold") if m != "off" else (m, "") for m in args.modes if cases or m == "off"]
         variants += [(m, "cached") for m in args.modes if m != "off"]
         if len(variants) > 1:
             for case in cases.values():  # every package the cached runs will look for, built once
@@ -149,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
                         args.threads,
                     )
                     for key, value in steady.items():
-                        figures[name].setdefault(key, []).append(value)
+                        figures.setdefault(name, {}).setdefault(key, []).append(value)
                     print(f"round {round_ + 1} {name:13s} steady {json.dumps(steady)}", flush=True)
     return {"cpu": cpu_description(), "threads": args.threads or "translate.py's default", "figures": figures}
 
