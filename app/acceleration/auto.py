@@ -3,8 +3,8 @@ default (``auto``), through packages once they pay for themselves, one-time cost
 
 Measured (``scripts/bench_compile_modes.py``, quickstart checkpoint, 2-core AMD EPYC with avx512_bf16, one
 thread; docs/bench/decoding.md, "Which compile modes earn their lines"): packages make steady decoding
-faster, batch-1 greedy 1.52x (57.0 against 37.6 ms a sentence) and beam 5 at batch 64 1.19x (68.4 against
-81.2 sentences/s), but each costs ~15 s to build the first time on a machine and ~1.2 s to load after (the
+faster, batch-1 greedy 1.58x (49.5 against 31.3 ms a sentence) and beam 5 at batch 64 1.16x (73.5 against
+85.3 sentences/s), but each costs ~15 s to build the first time on a machine and ~1.2 s to load after (the
 first load imports inductor). Eager decoding costs nothing up front.
 So one sentence is fastest eager, and a server, which pays once before it listens and then decodes for
 hours, with packages; in between it depends on how much a process will translate, which ``translate.py``
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 COMPILE_MODES = ("auto", "aot", "off")
 
 # The fraction of eager decoding time packages save (medians of 4 alternating processes each, above)
-GAIN_ONE_ROW = 0.34  # one sentence, greedy: 57.0 -> 37.6 ms a sentence
-GAIN_ROWS = 0.15  # several rows (beams, sentences): beam 5 at batch 64, 68.4 -> 81.2 sentences/s
+GAIN_ONE_ROW = 0.37  # one sentence, greedy: 49.5 -> 31.3 ms a sentence
+GAIN_ROWS = 0.14  # several rows (beams, sentences): beam 5 at batch 64, 73.5 -> 85.3 sentences/s
 # One package's one-time cost, seconds on 2 CPU cores: built the first time (one sentence's three packages:
 # 46.1 s against 3.4 eager), loaded after (6.95 s against 3.35)
 BUILD_SECONDS = 15.0

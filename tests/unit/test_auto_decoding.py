@@ -39,8 +39,8 @@ def auto(make_transformer: Callable[..., Transformer], tmp_path: Path, monkeypat
 def test_one_batch_or_a_short_input_stays_eager(auto: AutoDecoding) -> None:
     assert auto.model_for(left=1, sentences=1, beam=1) is auto.model  # nothing measured yet: eager
     auto.record(auto.model, sentences=1, seconds=0.05)
-    assert auto.model_for(left=100, sentences=1, beam=1) is auto.model  # 34% of 5 s < 3 builds
-    assert auto.report().startswith("compile=auto: decoded eagerly, 1 sentences: 34% of ~5.0 s")
+    assert auto.model_for(left=100, sentences=1, beam=1) is auto.model  # 37% of 5 s < 3 builds
+    assert auto.report().startswith("compile=auto: decoded eagerly, 1 sentences: 37% of ~5.0 s")
 
 
 def test_it_switches_once_the_saving_passes_the_packages_cost(
@@ -48,7 +48,7 @@ def test_it_switches_once_the_saving_passes_the_packages_cost(
 ) -> None:
     auto.record(auto.model, sentences=64, seconds=1.0)
     cost = 4 * BUILD_SECONDS  # encoder, first step, the steps of several sentences and of the last one
-    left = int(cost / GAIN_ROWS / (1.0 / 64)) + 64  # a saving of 15% of what is left passes the cost
+    left = int(cost / GAIN_ROWS / (1.0 / 64)) + 64  # a saving of 14% of what is left passes the cost
     assert auto.model_for(left=64, sentences=64, beam=5) is auto.model
     with caplog.at_level(logging.INFO, logger="app.acceleration.auto"):
         assert auto.model_for(left=left, sentences=64, beam=5) is auto.packaged
