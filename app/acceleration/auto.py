@@ -134,7 +134,8 @@ class AutoDecoding:
             packages = CompileReport.of(self.packaged).line()
             return f"compile=auto: ahead-of-time packages ({self.estimate}); {packages}"
         why = f": {self.unavailable or self.estimate}" if self.estimate else ""
-        return f"compile=auto: decoded eagerly, {self.eager_sentences} sentences{why}"
+        count = f"{self.eager_sentences} sentence{'' if self.eager_sentences == 1 else 's'}"
+        return f"compile=auto: decoded eagerly, {count}{why}"
 
 
 def decoding_for(model: Seq2Seq, mode: str) -> Decoding:

@@ -40,7 +40,7 @@ def test_one_batch_or_a_short_input_stays_eager(auto: AutoDecoding) -> None:
     assert auto.model_for(left=1, sentences=1, beam=1) is auto.model  # nothing measured yet: eager
     auto.record(auto.model, sentences=1, seconds=0.05)
     assert auto.model_for(left=100, sentences=1, beam=1) is auto.model  # 37% of 5 s < 3 builds
-    assert auto.report().startswith("compile=auto: decoded eagerly, 1 sentences: 37% of ~5.0 s")
+    assert auto.report().startswith("compile=auto: decoded eagerly, 1 sentence: 37% of ~5.0 s")
 
 
 def test_it_switches_once_the_saving_passes_the_packages_cost(
