@@ -416,8 +416,9 @@ def test_jsonl_keeps_one_line_per_input_with_nbest_scores_and_alignment(checkpoi
 def test_sampling_from_the_command_line_is_reproducible(
     checkpoint: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Twice in one process, where torch's generator has moved on between the runs: only ``--seed``
-    makes them agree (two fresh processes start from the same default seed, and would agree anyway)."""
+    """Twice in one process (``main``, as translate.py runs it), torch's global generator moved on
+    between the runs: only the seeded generator of ``--seed`` makes them agree (a sampler that drew from
+    the global generator fails here)."""
     args = [str(checkpoint), "--sample", "topk:50", "--temperature", "2", "Ein Mann fährt Fahrrad."]
     assert main([*args, "--seed", "1"]) == 0
     first = capsys.readouterr().out
