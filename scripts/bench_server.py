@@ -41,6 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("model", help="a .ckpt checkpoint or a directory from scripts/export.py")
     parser.add_argument("--engine", choices=("torch", "ct2"), help="default: as serve.py chooses")
     parser.add_argument("--threads", type=int, default=1, help="server CPU threads")
+    parser.add_argument(
+        "--compile",
+        choices=("auto", "aot", "off"),
+        default="auto",
+        help="serve.py's --compile (default: as serve.py); off times the eager engine, builds no packages",
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--seconds", type=float, default=10.0, help="per concurrency level, at most")
     parser.add_argument("--requests", type=int, default=2000, help="per concurrency level, at most")
@@ -67,7 +73,8 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     """``serve.py`` on ``port``, once its /health answers 200 (or an error after 120 s)."""
     command = [sys.executable, str(REPO_ROOT / "scripts" / "serve.py"), args.model, "--port", str(port)]
     command += ["--threads", str(args.threads), "--max-wait-ms", str(args.max_wait_ms)]
-    command += ["--max-queued", "1024"] + (["--engine", args.engine] if args.engine else [])
+    command += ["--max-queued", "1024", "--compile", args.compile]
+    command += ["--engine", args.engine] if args.engine else []
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -162,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "scripts/bench_server.py", *(argv or sys.argv[1:])]),
         "engine": engine,
         "beam": args.beam,
+        "compile": args.compile,
         "server_threads": args.threads,
         "cpu_count": os.cpu_count(),
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # 1-min, before and after

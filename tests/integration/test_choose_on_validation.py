@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.training import REPO_ROOT, compose_train, tiny_overrides
+from helpers.training import END_TO_END_SLICE, REPO_ROOT, compose_train, tiny_overrides, write_corpus_slice
 
 from app.data.corpus import read_parallel
 from app.inference.engine import SearchSettings
@@ -27,6 +27,20 @@ SELECTION = [
     "selection.average_last=3",
     "selection.beam=[1,2]",
 ]
+
+
+# Short validation and test splits: every trial, the re-decodings below and the rescore decode the whole
+# validation split (beam 2 included), and a 40-step model runs to max_len on many sentences. What is
+# checked (the trial order, the choice of the best BLEU with ties to the first, scores reproduced by
+# decoding again, test scores from the chosen decoding) holds on any number of sentences; the training
+# split stays whole, for a tokenizer and checkpoints like the end-to-end runs'.
+SLICE = {**END_TO_END_SLICE, "val": 40, "test_2016_flickr": 20}
+
+
+@pytest.fixture(scope="module")
+def corpus_slice(multi30k_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This module's corpus: the end-to-end slice with the short validation and test splits above."""
+    return write_corpus_slice(multi30k_dir, tmp_path_factory.mktemp("m30k-selection"), SLICE)
 
 
 @pytest.fixture(scope="module")

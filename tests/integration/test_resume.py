@@ -155,14 +155,18 @@ def kill_when_traced(command: list[str], trace: Path, batches: int, timeout: flo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "sampling", [[], ["data.subword_sampling.nbest_size=8"]], ids=["one_best", "subword_sampling"]
-)
-def test_killed_run_resumes_exactly(multi30k_dir: Path, tmp_path: Path, sampling: list[str]) -> None:
-    """The resumed run trains on the same batches (ids and, under subword sampling, the same sampled
-    segmentations), with the same learning rates, losses, dropout stream and weights, step by step."""
+def test_killed_run_resumes_exactly(multi30k_dir: Path, tmp_path: Path) -> None:
+    """The resumed run trains on the same batches (ids and the same sampled segmentations), with the same
+    learning rates, losses, dropout stream and weights, step by step.
+
+    Under subword sampling, so that one run checks everything a resume restores: the batch sampler's
+    position, the loop's and the optimizer's state and every random generator (as a one-best run
+    needs), and the per-batch segmentations drawn on top. Each run is three train.py processes, so the
+    one-best case that checked the same restore without the segmentations was left out. The validation
+    and test splits are short: they are decoded in every run and the trace compares training only.
+    """
     corpus = write_corpus_slice(
-        multi30k_dir, tmp_path / "m30k", {"train": 400, "val": 40, "test_2016_flickr": 20}
+        multi30k_dir, tmp_path / "m30k", {"train": 400, "val": 10, "test_2016_flickr": 5}
     )
     common = [
         f"trainer.max_steps={STEPS}",
@@ -170,7 +174,7 @@ def test_killed_run_resumes_exactly(multi30k_dir: Path, tmp_path: Path, sampling
         "trainer.deterministic=true",
         "num_threads=1",
         "early_stopping.patience=0",
-        *sampling,
+        "data.subword_sampling.nbest_size=8",
     ]
 
     def overrides(name: str) -> list[str]:

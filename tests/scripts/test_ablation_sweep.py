@@ -13,6 +13,7 @@ import pytest
 from helpers.training import run_train, tiny_overrides, write_corpus_slice
 
 from app.reports.report import write_report
+from app.rundir import RunDir
 
 SLICE = {"train": 400, "val": 30, "test_2016_flickr": 20}
 
@@ -47,7 +48,14 @@ def test_one_command_sweep_reports_finished_and_failed_jobs(multi30k_dir: Path, 
         for kernel in ("eager", "sdpa")
         for seed in (1, 2)
     ]
-    assert done.stderr.strip().splitlines()[-1].endswith(": " + ", ".join(failed_names))
+    last_line = done.stderr.strip().splitlines()[-1]
+    assert last_line == f"train.py -m: 4 jobs failed (see FAILED in each) in {sweep}: " + ", ".join(
+        failed_names
+    )
+    for name in failed_names:  # each failed job's own record says why; the finished jobs have none
+        assert "num_kv_heads" in RunDir(sweep / name).failed.read_text(), name
+    finished = [RunDir(path.parent) for path in sweep.glob("*/results.json")]
+    assert len(finished) == 4 and not any(run.failed.exists() for run in finished)
 
     for name in ("report.md", "report.html", "report.csv", "report.json", "group1_curves.png"):
         assert (sweep / name).is_file(), name

@@ -48,12 +48,15 @@ def test_bench_server_measures_each_concurrency(
     checkpoint = tmp_path / "model.ckpt"
     checkpoint_factory(checkpoint, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
     out = tmp_path / "bench.json"
+    # --compile off: what is measured here is the benchmark's loop, not the server's packages, whose build
+    # before listening tests/integration/test_server_warmup.py checks (it cost this test ~25 s)
     command = [sys.executable, str(SCRIPTS / "bench_server.py"), str(checkpoint), "--engine", "torch"]
+    command += ["--compile", "off"]
     command += ["--concurrency", "1", "4", "--seconds", "2", "--requests", "12", "--json", str(out)]
     result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
-    assert record["engine"] == "torch" and record["cpu_model"]
+    assert record["engine"] == "torch" and record["compile"] == "off" and record["cpu_model"]
     assert [level["concurrency"] for level in record["levels"]] == [1, 4]
     for level in record["levels"]:
         assert level["requests"] > 0 and level["failures"] == {}

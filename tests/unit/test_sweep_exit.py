@@ -1,6 +1,7 @@
 """app.training.sweep.FailedJobsExit: which FAILED files make ``train.py -m`` exit non-zero (this sweep's,
 not an earlier sweep's in the same directory), its last line, and its place among the sweep's callbacks.
-The sweep itself runs for real in tests/integration/test_sweep_exit_status.py."""
+The sweep itself runs for real in tests/scripts/test_ablation_sweep.py (a failed job: exit 1, its
+last line naming it)."""
 
 from __future__ import annotations
 
