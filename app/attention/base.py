@@ -124,6 +124,12 @@ class AttentionKernel(nn.Module):
         kernel's settings ask for it (linformer ``sharing=layerwise``). The model calls it for every later
         layer; kernels without parameters ignore it."""
 
+    def start_from_softmax(self) -> str:
+        """Set the kernel's own parameters so that a layer converted from a trained softmax layer
+        (``init_from`` with another kernel, :mod:`app.attention.convert`) starts as close to it as the kernel
+        allows, and say in words what was done; kernels without parameters only say so."""
+        return "no kernel parameters: the trained projections are taken as they are"
+
     def key_codes(self, k: Tensor) -> Tensor | None:
         """Integer codes (B, Hkv, T, C) the kernel derives from each key (B, Hkv, T, Dh) alone, for a decoding
         cache to keep beside the keys, so that a step computes them for its new keys only (lsh: each key's

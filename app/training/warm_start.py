@@ -9,8 +9,10 @@ are this run's own. The typical use is a multilingual model fine-tuned on one of
         init_from=runs/ml6/checkpoints/best.ckpt
 
 The checkpoint is opened weights-only (:func:`app.checkpoint.read_checkpoint`), so nothing in it runs.
-The model this run's config builds must take the weights as they are (same sizes and layout; dropout
-and the attention kernel may differ where the parameters agree); anything else is refused with the
+The model this run's config builds must take the weights (same sizes; dropout may differ). Its attention
+may differ: another head layout (``heads=gqa|mqa``: keys and values mean-pooled per group) or kernel
+(``attention=linear|linformer|sparse|lsh|...``) converts the trained layers first
+(:mod:`app.attention.convert`, uptraining as Ainslie et al. 2023); anything else is refused with the
 config keys that differ. The run's ``data.subword`` settings are not used: the text is cut into the
 checkpoint's pieces, which the weights were trained on.
 """
@@ -22,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from app.attention.convert import convert_state
 from app.checkpoint import CheckpointError, LoadedModel, load_model
 from app.data.corpora import CorpusLayout
 from app.data.multilingual import Languages, language_tag
@@ -102,16 +105,23 @@ def is_one_piece(tokenizer: Tokenizer, symbol: str) -> bool:
 
 
 def load_weights(model: Seq2Seq, start: LoadedModel, config: Mapping[str, Any], *, source: str) -> None:
-    """Copy ``start``'s weights into ``model`` (built from this run's config), or say which model and
-    attention settings differ between the two configs when the weights do not fit."""
+    """Copy ``start``'s weights into ``model`` (built from this run's config), its attention converted where
+    this run names another head layout or kernel (:func:`app.attention.convert.convert_state`, one log line
+    per tensor kind), or say which model and attention settings differ when the weights still do not fit."""
     try:
-        model.load_state_dict(start.model.state_dict())
+        conversion = convert_state(start.model, model)
+    except ValueError as err:
+        raise CheckpointError(f"init_from={source}: {err}") from err
+    try:
+        model.load_state_dict(conversion.state)
     except RuntimeError as err:
         differing = config_differences(config, start.config, ("model", "attention"))
         raise CheckpointError(
             f"init_from={source}: its weights do not fit the model this run builds; settings that differ "
             f"(here vs there): {differing or 'none in model/attention'} ({str(err).splitlines()[0]})"
         ) from err
+    for note in conversion.notes():
+        log.info("init_from=%s: attention converted: %s", source, note)
 
 
 def config_differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], groups: tuple[str, ...]) -> str:

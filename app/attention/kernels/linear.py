@@ -175,6 +175,14 @@ class LinearAttention(AttentionKernel):
             return f"{self.name} favor m={self.num_features}"
         return f"{self.name} {self.feature_map}"
 
+    def start_from_softmax(self) -> str:
+        """Nothing to set: the feature map is fixed, not learned (no T2R map, Kasai et al. 2021)."""
+        return (
+            f"no kernel parameters: the {self.feature_map} feature map is fixed, not learned (there is no "
+            "T2R map to fit, Kasai et al. 2021), so the trained projections are taken as they are and "
+            "uptraining adapts them to phi(q).phi(k) in place of exp(q.k / sqrt(d))"
+        )
+
     def feature_size(self, head_dim: int) -> int:
         """m, the width of phi(x) for a head of ``head_dim``: elu keeps it, FAVOR+ draws ``num_features``."""
         return head_dim if self.feature_map == "elu" else self.num_features

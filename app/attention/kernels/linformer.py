@@ -88,6 +88,27 @@ class LinformerAttention(AttentionKernel):
         if self.sharing == "none" and self.proj_k.size(0) != num_kv_heads:
             self._make_projections(heads=num_kv_heads)
 
+    def start_from_softmax(self) -> str:
+        """E = F = the identity on the first k positions, 0 beyond (set in place).
+
+        The paper gives no rule for starting from a trained softmax layer. This one makes the converted
+        layer *equal* to it for every input of at most k tokens (row i is key i; rows no real key reaches
+        are hidden, as padding is), so uptraining starts from the trained model's quality rather than from
+        a random mix of positions; positions past k contribute nothing until training learns their columns
+        (the gradient reaches them). The pooling the paper names as an alternative (section 4: mean-pooling
+        with stride n/k) would average neighbouring keys of every input, short ones included.
+        """
+        rows = min(self.k, self.max_len)
+        with torch.no_grad():
+            for proj in {id(p): p for p in (self.proj_k, self.proj_v)}.values():
+                proj.zero_()
+                diagonal = torch.arange(rows)
+                proj[:, diagonal, diagonal] = 1.0  # (heads, k, max_len): E[i, i] = 1, i < rows
+        return (
+            f"E = F = identity on the first {rows} positions, 0 beyond: inputs of up to {rows} tokens attend "
+            f"exactly as the trained softmax layer did, longer ones see their first {rows} until uptraining"
+        )
+
     def extra_repr(self) -> str:
         return f"k={self.k}, sharing={self.sharing}, max_len={self.max_len}"
 
