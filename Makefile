@@ -10,7 +10,7 @@ RUN_DIR ?= runs/quickstart
 RECIPE ?=
 
 .PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode \
-	ablation-gpu ablation-cpu ablation-length ablation-length-ft ablation-rnn clean
+	ablation-gpu ablation-cpu ablation-length ablation-length-ft ablation-uptrain ablation-rnn clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -96,6 +96,21 @@ ablation-length-ft: data  ## its fine-tune arm, needs FROM=<ablation-length's sw
 	$(PY) train.py -m experiment=ablation_length_finetune from_sweep=$(FROM) \
 		attention=eager,sdpa,sparse,linear,linformer,lsh,long_mix data.concat=$(FT_CONCAT) seed=1,2,3 \
 		hydra.sweep.dir=$(SWEEP) resume=true
+
+# The uptraining ablation (issue 50): FROM, a trained eager MHA checkpoint of the quickstart model; its
+# training steps BASE_STEPS; UPTRAIN_STEPS, the converted arm's steps (Ainslie et al. 2023: ~5% of the base's).
+UPTRAIN_VARIANTS ?= linear,linformer,sparse
+ifneq ($(filter ablation-uptrain,$(MAKECMDGOALS)),)
+ifeq ($(and $(FROM),$(BASE_STEPS),$(UPTRAIN_STEPS)),)
+$(error make ablation-uptrain needs FROM=<a trained eager MHA checkpoint> BASE_STEPS=<its training steps> UPTRAIN_STEPS=<the converted arm's steps>)
+endif
+endif
+UPTRAIN_ARGS = experiment=ablation_uptrain uptrain.base=$(FROM) uptrain.steps=$(UPTRAIN_STEPS) \
+	uptrain.total_steps=$$(( $(BASE_STEPS) + $(UPTRAIN_STEPS) )) arm=converted,scratch seed=1,2,3 \
+	hydra.sweep.dir=$(SWEEP) resume=true
+ablation-uptrain: data  ## converted+uptrained vs scratch per attention variant, needs FROM, BASE_STEPS, UPTRAIN_STEPS; resumable
+	$(PY) train.py -m $(UPTRAIN_ARGS) attention=eager heads=mha,gqa,mqa '~hydra.callbacks.ablation_report'; \
+	first=$$?; $(PY) train.py -m $(UPTRAIN_ARGS) attention=$(UPTRAIN_VARIANTS) && exit $$first
 
 ablation-rnn: data  ## sweep (b): the 4 RNN attention mechanisms x 3 seeds, 3 min each, report in SWEEP
 	$(PY) train.py -m experiment=ablation_rnn attention=additive,luong_dot,luong_general,luong_concat \

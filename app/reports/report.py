@@ -42,6 +42,7 @@ from app.reports.render import html as render_html
 from app.reports.render import markdown as render_markdown
 from app.reports.runs import describe_machine
 from app.reports.significance import SAMPLES, SEED, SIGNIFICANCE, baseline_comparison, mean_std
+from app.reports.uptrain import uptrain_sections
 from app.reports.variants import (
     START,
     Group,
@@ -301,6 +302,7 @@ def write_report(
         (out_dir / name).write_bytes(figures.lengths_png(across.found, LENGTH_METRICS))
         figure_paths.append(out_dir / name)
         blocks += [*across.blocks, Images({name: (out_dir / name).read_bytes()})]
+    blocks += uptrain_sections(groups, rows_by_group)  # experiment=ablation_uptrain: converted vs scratch
     paths = [out_dir / name for name in REPORT_FILES]
     paths[0].write_text(render_markdown(blocks), encoding="utf-8")
     paths[1].write_text(render_html(TITLE, blocks), encoding="utf-8")

@@ -71,6 +71,13 @@ def test_every_option_composes_and_builds(group: str, option: str, tmp_path: Pat
         ]
     if option == "ablation_length_finetune":  # init_from resolves in a Hydra job: test_length_finetune.py
         overrides += ["from_sweep=x", "init_from=null"]
+    if group == "arm" or option == "ablation_uptrain":  # the uptraining ablation's arms and its budgets
+        overrides += [
+            "experiment=ablation_uptrain",
+            "uptrain.base=null",
+            "uptrain.steps=3",
+            "uptrain.total_steps=9",
+        ]
     cfg = compose_config(*overrides, tmp_path=tmp_path)
     check_composed(cfg)
 
