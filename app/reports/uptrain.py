@@ -105,12 +105,13 @@ def pair_section(
         ])  # fmt: skip
         verdicts.append(verdict(variant.name, mine, its, test))
     share = f" ({100 * x / b:.0f}% of the base's {b} steps)" if x and b else ""
+    same = "the same total budget" if not (x and b) or b + x == total else f"NOT the base's {b} + {x} steps"
     return [
         Heading("Converted and uptrained against trained from scratch", level=2),
         Paragraph(
             f"Group {converted + 1}: each job starts from {start}, its attention converted to the job's "
             f"(app/attention/convert.py), then trains {x} steps{share}. Group {scratch + 1}: the same "
-            f"attention from random weights for {total} steps, the same total budget. Every converted job "
+            f"attention from random weights for {total} steps, {same}. Every converted job "
             "starts from the one base model, so its seeds vary the uptraining only. Difference: cased "
             "test BLEU, converted minus scratch, the report's paired bootstrap over the pooled seeds "
             "(* = p < 0.05) and its bootstrap over seeds and sentences."
@@ -133,9 +134,10 @@ def verdict(name: str, mine: dict[str, Any], its: dict[str, Any], test: dict[str
         diff = mine["bleu"] - its["bleu"]
         said = f"{name}: converted {diff:+.2f} BLEU against scratch (mean difference, untested: one seed)"
     else:
-        sure = "significant" if test["significant"] else "not significant"
         said = (
-            f"{name}: converted {test['delta_bleu']:+.2f} BLEU against scratch (p {test['p_value']}, {sure})"
+            f"{name}: converted {test['delta_bleu']:+.2f} BLEU against scratch (p "
+            f"{starred(test['p_value'], test['significant'])}; over seeds p "
+            f"{starred(test['p_value_seeds'], test['significant_seeds'])})"
         )
     if mine.get("delta_bleu") is not None:
         said += f"; {mine['delta_bleu']:+.2f} against the converted arm's MHA job"
