@@ -5,21 +5,27 @@ uvicorn bounds part of this itself: ``limit_concurrency`` (503 once that many co
 requests in flight), ``timeout_keep_alive`` (an idle connection after a response) and h11's
 ``max_incomplete_event_size`` (the bytes of a request head). It does not bound the time a request head
 may take: a new connection has no timer until its first response is sent, so a socket that never sends
-anything, or sends its headers a byte at a time, stays open for ever, holding a file descriptor.
-:class:`BoundedH11Protocol` adds that deadline, and closes a connection that arrives when the limit is
-already reached instead of keeping it open only to answer 503.
+anything, or sends its headers a byte at a time, stays open for ever, holding a file descriptor. And h11
+checks a head's size only while the head is incomplete, so one that arrives in a single read (asyncio
+reads up to 256 KiB) passes whatever its size. :class:`BoundedH11Protocol` adds the deadline, counts
+each head's bytes as they arrive, and closes a connection that arrives when the limit is already
+reached instead of keeping it open only to answer 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
+BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a request head, as h11 finds it
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class ConnectionLimits:
     max_connections: int = 512  # open at once; more are closed on arrival, requests at the limit get 503
     header_timeout_s: float = 10.0  # from connect (or the last response) to a complete request head
     keep_alive_s: float = 5.0  # an idle connection after a response is closed after this long
-    max_header_bytes: int = 16 * 1024  # request line + headers; a larger head is answered 400
+    max_header_bytes: int = 16 * 1024  # request line + headers; a larger head is answered 431
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -48,18 +54,22 @@ class ConnectionLimits:
 
 
 class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for each request head and a hard cap on connections.
+    """uvicorn's h11 protocol with a deadline and a size limit for each request head, and a hard cap on
+    connections.
 
     The deadline starts when the connection is made and again when a response has been sent, and stops
     when a complete request head has arrived (the app's own deadlines, such as the body's 408, take over
-    from there); when it passes, the connection is closed without an answer. Set by
-    :func:`bounded_protocol`."""
+    from there); when it passes, the connection is closed without an answer. While it runs, the bytes
+    received are counted up to the head's blank line; past uvicorn's ``h11_max_incomplete_event_size``
+    the answer is 431 and the connection is closed. The deadline is set by :func:`bounded_protocol`."""
 
     header_timeout_s: ClassVar[float] = ConnectionLimits.header_timeout_s
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.head_deadline: asyncio.TimerHandle | None = None
+        self.head_bytes, self.head_tail = 0, b""  # of the head being received; its last two bytes
+        self.max_header_bytes = self.config.h11_max_incomplete_event_size or ConnectionLimits.max_header_bytes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self.limit_concurrency is not None and len(self.connections) >= self.limit_concurrency:
@@ -73,6 +83,31 @@ class BoundedH11Protocol(H11Protocol):
         self.stop_head_deadline()
         if self.transport is not None:  # None: refused in connection_made
             super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.head_deadline is not None and self.conn.their_state is h11.IDLE
+        if waiting and self.head_too_large(data):
+            self.refuse_head()
+            return
+        super().data_received(data)
+
+    def head_too_large(self, data: bytes) -> bool:
+        """Count ``data`` into the head being received: whether it has passed ``max_header_bytes``."""
+        seen = self.head_tail + data
+        end = BLANK_LINE.search(seen)
+        size = self.head_bytes + (end.end() - len(self.head_tail) if end else len(data))
+        self.head_bytes, self.head_tail = self.head_bytes + len(data), seen[-2:]
+        return size > self.max_header_bytes
+
+    def refuse_head(self) -> None:
+        """Answer 431 in the service's JSON shape (h11 cannot: no request has begun) and close."""
+        body = json.dumps({"error": f"request head over the limit of {self.max_header_bytes} bytes"}).encode()
+        head = "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        self.transport.write(
+            f"{head}content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body
+        )
+        self.stop_head_deadline()
+        self.transport.close()
 
     def handle_events(self) -> None:
         cycle = self.cycle
@@ -88,6 +123,7 @@ class BoundedH11Protocol(H11Protocol):
     def expect_head(self) -> None:
         """(Re)start the clock for the next request head."""
         self.stop_head_deadline()
+        self.head_bytes, self.head_tail = 0, b""
         self.head_deadline = self.loop.call_later(self.header_timeout_s, self.head_timed_out)
 
     def stop_head_deadline(self) -> None:
