@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
@@ -36,7 +37,7 @@ T = TypeVar("T")
 class ServerLimits:
     """What one request may ask for, how requests are merged and queued, and how long they may take.
 
-    Work is counted as (whitespace tokens + 1 per sentence) x hypotheses per sentence (``beam`` rows
+    Work is counted as (estimated subwords + 1 per sentence) x hypotheses per sentence (``beam`` rows
     for search, ``nbest`` samples when sampling): see :func:`~app.serving.batcher.token_cost`."""
 
     max_request_bytes: int = 64 * 1024
@@ -74,6 +75,16 @@ def error(status: int, message: str, detail: Any = None, retry_after: int | None
     body = ErrorBody(error=message, detail=detail, retry_after=retry_after).model_dump(exclude_none=True)
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def internal_error(err: BaseException, what: str) -> JSONResponse:
+    """A 500 that tells the client nothing internal: ``err`` goes to the log under a fresh request id,
+    which the answer gives (in its message and in ``X-Request-ID``) so that the two can be matched."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error("%s (request id %s)", what, request_id, exc_info=err)
+    response = error(500, f"internal error (request id {request_id}); the server goes on")
+    response.headers["X-Request-ID"] = request_id
+    return response
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -175,8 +186,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, err: Exception) -> JSONResponse:
-        log.error("unexpected error answering a request", exc_info=err)
-        return error(500, f"internal error ({type(err).__name__}); the server goes on")
+        return internal_error(err, "unexpected error answering a request")
 
 
 def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
@@ -222,8 +232,7 @@ def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         except Exception as err:  # the engine failed on this request alone (see Batcher.run_batch)
-            log.error("translation failed", exc_info=err)
-            return error(500, f"translation failed ({type(err).__name__}: {err}); the server goes on")
+            return internal_error(err, "translation failed")
         return answer(body, results)
 
     return app

@@ -31,12 +31,25 @@ log = logging.getLogger(__name__)
 Results = list[list[Translation]]
 
 
+# Characters per subword: Multi30k test German through unigram models trained on Multi30k measures 4.6
+# (8,000 pieces) and 3.1 (1,000 pieces); text a model has not seen (random letters, digits) is nearer 1.
+CHARS_PER_SUBWORD = 4
+
+
+def subword_estimate(sentence: str) -> int:
+    """The subwords ``sentence`` is counted as: one per started ``CHARS_PER_SUBWORD`` characters of each
+    whitespace token, so a 1,000-letter word counts 250, not 1 (Multi30k test German: 1.7 per word, where
+    the models above give 1.4 and 2.0)."""
+    return sum(-(-len(word) // CHARS_PER_SUBWORD) for word in sentence.split())
+
+
 def token_cost(sentences: list[str], settings: SearchSettings | None = None) -> int:
-    """What a job costs against the budgets: (whitespace tokens + one EOS per sentence) times the
+    """What a job costs against the budgets: (estimated subwords + one EOS per sentence) times the
     hypotheses decoded per sentence (``beam`` rows for search, ``nbest`` samples when sampling).
 
-    An engine-independent stand-in for subword work, cheap enough to compute on the event loop."""
-    tokens = sum(len(s.split()) + 1 for s in sentences)
+    An engine-independent stand-in for subword work (:func:`subword_estimate`), cheap enough to compute
+    on the event loop."""
+    tokens = sum(subword_estimate(s) + 1 for s in sentences)
     if settings is None:
         return tokens
     return tokens * (settings.nbest if settings.sampling is not None else settings.beam)
