@@ -17,9 +17,9 @@ CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-st
 
 
 def chromium_path() -> str | None:
-    """The Chromium to drive: ``$CHROMIUM`` if set, else the first candidate on PATH."""
+    """The Chromium to drive: ``$CHROMIUM`` if set (and executable), else the first candidate on PATH."""
     if override := os.environ.get("CHROMIUM"):
-        return override
+        return override if os.access(override, os.X_OK) else None
     return next((found for name in CANDIDATES if (found := shutil.which(name))), None)
 
 
