@@ -220,7 +220,7 @@ def test_attention_maps_come_with_the_translations_they_belong_to(url: str, engi
 def test_attention_and_plain_requests_at_once_each_get_their_own_kind(url: str, engine: Engine) -> None:
     """Requests with the same settings merge, but never a map request with a plain one."""
     bodies = [
-        {"sentences": [s], "beam": 1, "attention": i % 2 == 0} for i, s in enumerate(SENTENCES * 2) if s
+        {"sentences": [s], "beam": 1, "attention": maps} for s in SENTENCES if s for maps in (True, False)
     ]
 
     async def send_all() -> list[httpx.Response]:
@@ -253,6 +253,18 @@ def test_an_engine_without_attention_weights_refuses_maps_and_says_so_in_health(
         assert response.status_code == 422, response.text
         assert "the scripted engine has no attention weights" in response.json()["error"]
         assert httpx.get(f"{base_url}/health", timeout=TIMEOUT).json()["attention"] is False
+
+
+def test_a_kernel_without_weights_refuses_maps_with_422_and_still_translates(
+    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path
+) -> None:
+    path = tmp_path / "linear.ckpt"
+    checkpoint_factory(path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "linear"})
+    with running_server(create_app(open_engine(path), LIMITS)) as (base_url, _):
+        response = post(base_url, {"sentences": ["Ein Hund."], "beam": 1, "attention": True})
+        assert response.status_code == 422, response.text
+        assert "no weights" in response.json()["error"]
+        assert post(base_url, {"sentences": ["Ein Hund."], "beam": 1}).status_code == 200
 
 
 def test_health_names_a_multilingual_models_target_languages(
