@@ -1,8 +1,9 @@
-"""Serve a model over HTTP: POST /translate, GET /health (see docs/serving.md).
+"""Serve a model over HTTP: POST /translate, GET /health, and a page at GET / (see docs/serving.md).
 
 python scripts/serve.py runs/x/checkpoints/best.ckpt --port 8080
 python scripts/serve.py exports/x_ct2 --threads 4 --max-batch-tokens 8192
 curl -s localhost:8080/translate --json '{"sentences": ["Ein Hund läuft."], "beam": 5}'
+open http://127.0.0.1:8080/ in a browser: type sentences, read translations and attention maps
 """
 
 from __future__ import annotations

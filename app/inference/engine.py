@@ -79,6 +79,7 @@ class Engine(ABC):
     max_source_tokens: int
     tgt_tokenizer: Tokenizer  # counts output tokens for speed figures
     languages: Languages | None = None  # the directions it was trained on (set by open_engine)
+    has_attention_maps: bool = False  # whether attention_maps can answer (a kernel may still refuse)
 
     @property
     def device(self) -> torch.device:

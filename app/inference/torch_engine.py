@@ -48,6 +48,7 @@ class TorchEngine(Engine):
     """A trained model with its tokenizers, ready to translate text: the torch engine."""
 
     name = "torch"
+    has_attention_maps = True
 
     def __init__(
         self,
