@@ -37,6 +37,7 @@ from app.training.checkpoint_io import AtomicCheckpointIO
 from app.training.loggers import build_logger, log_results_and_close
 from app.training.module import TranslationModule
 from app.training.optim import AUTO, Schedule, configured_schedule
+from app.training.strategies import weights_only_strategy
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, schedule: Schedule | None = No
     options["precision"] = resolve_precision(
         options.get("precision", "32-true"), str(options.get("accelerator"))
     )
+    options["strategy"] = weights_only_strategy(options.get("strategy", "auto"))  # FSDP resumes weights-only
     callbacks = [*checkpoint_callbacks(cfg, run_dir), *training_callbacks(cfg, run_dir, schedule)]
     if options.get("enable_progress_bar", True):
         callbacks.append(RichProgressBar())
