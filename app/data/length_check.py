@@ -35,7 +35,9 @@ class LengthLimits:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_kept <= 1.0:
-            raise CorpusError(f"data.min_kept must be in [0, 1] (0: only an empty split stops), got {self.min_kept}")
+            raise CorpusError(
+                f"data.min_kept must be in [0, 1] (0: only an empty split stops), got {self.min_kept}"
+            )
 
     @property
     def train_limit(self) -> int:
