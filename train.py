@@ -8,14 +8,17 @@ if any job failed, and the last line names them (:mod:`app.training.sweep`).
 import logging
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
+try:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import DictConfig
 
-from app.training.distributed import register_resolvers
-from app.training.sweep import run_job_in_own_process
-from app.training.task import train_or_exit
+    from app.training.distributed import register_resolvers
+    from app.training.sweep import run_job_in_own_process
+    from app.training.task import train_or_exit
+except KeyboardInterrupt:  # Ctrl-C while torch and Lightning load: as quiet as one later
+    sys.exit(130)
 
 register_resolvers()  # before Hydra reads conf/train.yaml
 

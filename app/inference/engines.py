@@ -13,6 +13,7 @@ import torch
 
 from app.data.multilingual import Languages
 from app.export.ct2 import is_ct2_model_dir
+from app.hardware import usable_device
 from app.inference.ct2_engine import CT2Engine
 from app.inference.engine import (
     Engine,
@@ -44,6 +45,7 @@ def open_engine(
 ) -> Engine:
     """Load ``path`` (a checkpoint, or a CTranslate2 directory) into the chosen engine.
 
+    ``device`` must be usable here (:func:`app.hardware.usable_device`; a ValueError names it otherwise).
     ``threads`` > 0 sets the CPU threads once, here (torch's intra-op pool, CTranslate2's intra_threads).
     ``ensemble`` checkpoints decode together with ``path`` (torch engine; see :class:`Ensemble`).
     ``compile`` (auto | aot | off): the torch engine's decoding through AOTInductor packages
@@ -52,6 +54,7 @@ def open_engine(
     ``sources_tagged`` (see :func:`~app.inference.languages.with_languages`); ``engine.languages`` says
     which directions it was trained on.
     """
+    usable_device(device)  # an unusable device is named before any model is read
     chosen = choose_engine(path, engine)
     if ensemble and chosen != "torch":
         raise ValueError(f"--ensemble needs the torch engine and .ckpt checkpoints, got {path} ({chosen})")
