@@ -23,6 +23,7 @@ from helpers.training import REPO_ROOT
 
 from app.inference.cli import main, parse_args, translate_stream
 from app.inference.engine import SearchSettings
+from app.inference.engines import check_ct2_device
 from app.inference.evaluate import evaluate
 from app.inference.torch_engine import TorchEngine, load_torch_engine
 from app.training.losses import label_smoothed_nll
@@ -509,3 +510,17 @@ def test_ctrl_c_ends_quietly_with_status_130_and_leaves_the_output_file_as_it_wa
     assert capsys.readouterr() == ("", "")
     assert target.read_text(encoding="utf-8") == "previous translations\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.en"]  # no temporary file left
+
+
+def test_ctranslate2_devices_are_checked_against_its_own_gpus() -> None:
+    """An export's device is CTranslate2's to judge (its CUDA is not torch's), before the model loads."""
+    import ctranslate2  # the dev extra installs it
+
+    check_ct2_device("cpu")
+    with pytest.raises(ValueError, match="device 'cuda:0' is not one of CTranslate2's: cpu, cuda, auto"):
+        check_ct2_device("cuda:0")
+    if ctranslate2.get_cuda_device_count() == 0:
+        with pytest.raises(ValueError, match="device 'cuda' is not available: CTranslate2 sees no CUDA GPU"):
+            check_ct2_device("cuda")
+    else:
+        check_ct2_device("cuda")
