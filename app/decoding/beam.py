@@ -8,6 +8,7 @@ limit, where only EOS is allowed). With K = 1 this is exactly greedy search.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -18,10 +19,22 @@ from app.decoding.greedy import constrain
 from app.decoding.hypothesis import Hypothesis
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
 
+MAX_LENGTH_PENALTY = 5.0  # alpha above this ranks by length alone (the server's bound too)
+
 
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     """((5 + |Y|) / 6) ** alpha; alpha = 0 compares raw log-probabilities."""
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def check_length_penalty(alpha: float) -> None:
+    """The one rule for alpha (translate.py, the server, every config's search settings): a finite number
+    in [0, MAX_LENGTH_PENALTY]. NaN or infinity makes every score NaN (and ``--format jsonl`` no JSON); a
+    negative alpha prefers ever longer outputs."""
+    if not (math.isfinite(alpha) and 0.0 <= alpha <= MAX_LENGTH_PENALTY):
+        raise ValueError(
+            f"length penalty (alpha) must be a number in [0, {MAX_LENGTH_PENALTY:g}], got {alpha}"
+        )
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 from app.data.multilingual import Languages
 from app.data.tokenizer import Tokenizer
 from app.decoding import Sampling
+from app.decoding.beam import check_length_penalty
 
 Truncated = Callable[[int, int], None]  # (index in the batch, source length in subwords)
 
@@ -49,6 +50,7 @@ class SearchSettings:
             )
         if self.sampling is None and self.nbest > self.beam:
             raise ValueError(f"nbest={self.nbest} needs a beam at least as wide (got beam={self.beam})")
+        check_length_penalty(self.alpha)
 
 
 @dataclass

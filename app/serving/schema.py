@@ -14,12 +14,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from app.decoding import Sampling
+from app.decoding.beam import MAX_LENGTH_PENALTY
+from app.decoding.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 from app.inference.engine import SearchSettings
 
 MAX_BEAM = 32
 MAX_NBEST = 64  # hypotheses per sentence: <= beam for search, samples when sampling
 MAX_OUTPUT_TOKENS = 1024
-MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0  # outside: softmax of log-probs / T over- or underflows
 MAX_SEED = 2**32 - 1  # CTranslate2's seed is an unsigned 32-bit int
 SAMPLE_PATTERN = r"^(topk:[0-9]{1,6}|topp:[0-9.]{1,12})$"
 LANG_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,15}$"  # a language code as data.directions names it
@@ -45,7 +46,9 @@ class TranslateRequest(BaseModel):
     sentences: list[str] = Field(min_length=1, description="source sentences, 1 to --max-sentences")
     beam: Int = Field(5, ge=1, le=MAX_BEAM, description="1 = greedy search")
     nbest: Int = Field(1, ge=1, le=MAX_NBEST, description="hypotheses per sentence (<= beam unless sampling)")
-    length_penalty: float = Field(0.6, ge=0.0, le=5.0, description="GNMT length penalty exponent")
+    length_penalty: float = Field(
+        0.6, ge=0.0, le=MAX_LENGTH_PENALTY, description="GNMT length penalty exponent"
+    )
     max_len: Int = Field(256, ge=1, le=MAX_OUTPUT_TOKENS, description="cap on output subwords")
     sample: str | None = Field(
         None, pattern=SAMPLE_PATTERN, description="topk:K or topp:P: sample instead of searching"
