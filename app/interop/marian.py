@@ -80,8 +80,12 @@ def read_marian_dir(directory: str | os.PathLike[str]) -> MarianModel:
 def read_weights(root: Path) -> dict[str, Tensor]:
     """The state dict from safetensors (preferred) or a ``.bin`` opened weights-only, never unpickled."""
     if (root / WEIGHT_FILES[0]).is_file():
-        from safetensors.torch import load_file
-
+        try:
+            from safetensors.torch import load_file
+        except ImportError as err:
+            raise MarianImportError(
+                f"{root / WEIGHT_FILES[0]} needs the safetensors package: pip install -e '.[marian]'"
+            ) from err
         return load_file(root / WEIGHT_FILES[0])
     path = root / WEIGHT_FILES[1]
     if not path.is_file():

@@ -260,3 +260,29 @@ def test_a_pickled_bin_that_runs_code_is_refused(marian_dir: Path, tmp_path: Pat
 def edit_config(directory: Path, **changes) -> None:
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_a_pytorch_model_bin_gives_the_same_checkpoint(
+    marian_dir: Path, loaded: LoadedModel, tmp_path: Path
+) -> None:
+    """Older OPUS-MT directories hold pytorch_model.bin: read weights-only, to the same weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    copy = tmp_path / "opus-mt-de-en"
+    shutil.copytree(marian_dir, copy)
+    torch.save(load_file(copy / "model.safetensors"), copy / "pytorch_model.bin")
+    (copy / "model.safetensors").unlink()
+    assert load_script().main([str(copy), "-o", str(tmp_path / "bin.ckpt")]) == 0
+    weights = load_model(tmp_path / "bin.ckpt").model.state_dict()
+    assert all(torch.equal(value, weights[name]) for name, value in loaded.model.state_dict().items())
+
+
+def test_from_hub_offline_says_so(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert (
+        load_script().main(["--from-hub", "Helsinki-NLP/opus-mt-de-en", "-o", str(tmp_path / "x.ckpt")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not download Helsinki-NLP/opus-mt-de-en") and "Traceback" not in err
