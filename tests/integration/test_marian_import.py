@@ -25,7 +25,6 @@ from app.inference.engine import SearchSettings
 from app.inference.torch_engine import TorchEngine, load_torch_engine, pad_batch
 from app.interop.marian import read_marian_dir, vocabulary_order
 
-transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
@@ -58,7 +57,13 @@ def checkpoint(imported: tuple[Path, str]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hf_model(marian_dir: Path):
+def transformers() -> ModuleType:
+    """Imported when a test here runs, not when the suite is collected (a few seconds)."""
+    return importlib.import_module("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_model(marian_dir: Path, transformers: ModuleType):
     return transformers.MarianMTModel.from_pretrained(marian_dir).eval()
 
 
@@ -80,7 +85,7 @@ def sources(loaded: LoadedModel) -> list[list[int]]:
 
 
 def test_text_is_cut_and_joined_as_marian_tokenizer_does(
-    marian_dir: Path, loaded: LoadedModel, to_marian: torch.Tensor
+    marian_dir: Path, loaded: LoadedModel, to_marian: torch.Tensor, transformers: ModuleType
 ) -> None:
     tokenizer = transformers.MarianTokenizer(
         vocab=str(marian_dir / "vocab.json"),
@@ -112,9 +117,10 @@ def test_log_probabilities_equal_hugging_face(hf_model, loaded: LoadedModel, to_
     assert bool((ours[..., 0] < -1000).all())  # our padding id: never a candidate
 
 
-class LimitKeepsScore(transformers.LogitsProcessor):
-    """At the last step only EOS is allowed, with the model's log-probability: our search's rule
-    (app.decoding.greedy.constrain). Hugging Face's own forced EOS scores it 0 instead."""
+class LimitKeepsScore:
+    """A logits processor for generate(): at the last step only EOS is allowed, with the model's
+    log-probability: our search's rule (app.decoding.greedy.constrain). Hugging Face's own forced EOS
+    scores it 0 instead."""
 
     def __init__(self, max_length: int, eos_id: int) -> None:
         self.max_length, self.eos_id = max_length, eos_id
@@ -129,7 +135,12 @@ class LimitKeepsScore(transformers.LogitsProcessor):
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_greedy_and_beam_outputs_equal_hugging_face(
-    hf_model, checkpoint: Path, loaded: LoadedModel, to_marian: torch.Tensor, beam: int
+    hf_model,
+    checkpoint: Path,
+    loaded: LoadedModel,
+    to_marian: torch.Tensor,
+    beam: int,
+    transformers: ModuleType,
 ) -> None:
     """Our engine (Marian's length norm, from the checkpoint) against generate() with the same beam, length
     penalty and limit; early_stopping=True is our search's end (K finished hypotheses)."""
