@@ -93,6 +93,10 @@ def test_text_is_cut_and_joined_as_marian_tokenizer_does(
         target_spm=str(marian_dir / "target.spm"),
     )
     assert [to_marian[ids].tolist() for ids in sources(loaded)] == tokenizer(SENTENCES)["input_ids"]
+    unknown = ["Ein Mann 漢 fährt Fahrrad."]  # a character neither model knows: unk on both sides
+    ours = [[*ids, loaded.src_tokenizer.eos_id] for ids in loaded.src_tokenizer.encode(unknown)]
+    assert loaded.src_tokenizer.unk_id in ours[0]
+    assert [to_marian[ids].tolist() for ids in ours] == tokenizer(unknown)["input_ids"]
     targets = loaded.tgt_tokenizer.encode(["A man rides a bike.", "Two dogs."])
     marian_ids = [to_marian[ids].tolist() for ids in targets]
     assert loaded.tgt_tokenizer.decode(targets) == tokenizer.batch_decode(
