@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.checkpoint import CheckpointError, save_atomically
-from app.interop.marian import download, import_marian, languages_from_name
+from app.interop.marian import check_marian_dir, download, import_marian, languages_from_name
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def convert(args: argparse.Namespace, directory: Path) -> int:
+    check_marian_dir(directory)
     found = languages_from_name(args.from_hub or directory)
     src, tgt = args.src_lang or (found and found[0]), args.tgt_lang or (found and found[1])
     if not src or not tgt:

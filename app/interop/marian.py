@@ -54,14 +54,20 @@ class MarianModel:
     vocab: dict[str, int]  # vocab.json: piece -> Marian id
 
 
-def read_marian_dir(directory: str | os.PathLike[str]) -> MarianModel:
-    """Read a Marian model directory, refusing a missing file or a weights file that is more than data."""
+def check_marian_dir(directory: str | os.PathLike[str]) -> Path:
+    """``directory`` as a path, refused when it is not a directory with a Marian model's files."""
     root = Path(directory)
     if not root.is_dir():
         raise MarianImportError(f"{root} is not a directory (expected a Hugging Face Marian model directory)")
     missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
     if missing:
         raise MarianImportError(f"{root} lacks {', '.join(missing)}: not a Marian (OPUS-MT) model directory")
+    return root
+
+
+def read_marian_dir(directory: str | os.PathLike[str]) -> MarianModel:
+    """Read a Marian model directory, refusing a missing file or a weights file that is more than data."""
+    root = check_marian_dir(directory)
     config = json.loads((root / "config.json").read_text(encoding="utf-8"))
     if config.get("model_type") != "marian":
         raise MarianImportError(
@@ -320,4 +326,11 @@ def download(name: str, directory: str | os.PathLike[str]) -> Path:
         ) from err
 
 
-__all__ = ["Imported", "MarianImportError", "download", "import_marian", "languages_from_name"]
+__all__ = [
+    "Imported",
+    "MarianImportError",
+    "check_marian_dir",
+    "download",
+    "import_marian",
+    "languages_from_name",
+]
