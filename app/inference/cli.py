@@ -31,6 +31,7 @@ import torch
 from app.acceleration.auto import COMPILE_MODES
 from app.checkpoint import CheckpointError
 from app.decoding import Sampling
+from app.decoding.beam import LENGTH_NORMS
 from app.inference.engine import Engine, SearchSettings
 from app.inference.engines import ENGINES, open_engine
 from app.inference.evaluate import Evaluation, evaluate
@@ -65,6 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--max-len", type=int, default=256, help="most output subwords per sentence")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha")
+    parser.add_argument(
+        "--length-norm",
+        choices=LENGTH_NORMS,
+        help="beam scores over ((5 + |Y|) / 6)^alpha (gnmt) or |Y|^alpha (power: Marian, Hugging Face) "
+        "(default: the checkpoint's test_search.length_norm: power for imported Marian models, else gnmt)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--tgt-lang",
@@ -151,6 +158,7 @@ def search_settings(args: argparse.Namespace) -> SearchSettings:
     return SearchSettings(
         beam=args.beam,
         alpha=args.length_penalty,
+        length_norm=getattr(args, "length_norm", None),
         max_len=args.max_len,
         batch_size=args.batch_size,
         nbest=args.nbest,

@@ -21,7 +21,7 @@ import torch
 from app.data.multilingual import Languages
 from app.data.tokenizer import Tokenizer
 from app.decoding import Sampling
-from app.decoding.beam import check_length_penalty
+from app.decoding.beam import LENGTH_NORMS, check_length_penalty
 
 Truncated = Callable[[int, int], None]  # (index in the batch, source length in subwords)
 
@@ -32,6 +32,9 @@ class SearchSettings:
 
     beam: int = 5  # 1 = greedy search
     alpha: float = 0.6  # GNMT length penalty exponent (beam search only)
+    # How beam search divides a score by length: gnmt | power (app.decoding.beam.length_penalty); None:
+    # the model's own (its checkpoint's test_search.length_norm: power for imported Marian models, else gnmt)
+    length_norm: str | None = None
     max_len: int = 256  # hard cap on output tokens
     len_ratio: float = 1.5  # per-sentence cap: len_ratio * source tokens + len_extra
     len_extra: int = 10
@@ -47,6 +50,10 @@ class SearchSettings:
             raise ValueError(
                 f"beam ({self.beam}), batch_size ({self.batch_size}), max_len ({self.max_len}) and "
                 f"nbest ({self.nbest}) must all be >= 1"
+            )
+        if self.length_norm not in (None, *LENGTH_NORMS):
+            raise ValueError(
+                f"length_norm must be one of {', '.join(LENGTH_NORMS)}, got {self.length_norm!r}"
             )
         if self.sampling is None and self.nbest > self.beam:
             raise ValueError(f"nbest={self.nbest} needs a beam at least as wide (got beam={self.beam})")
