@@ -9,7 +9,7 @@ RUN_DIR ?= runs/quickstart
 # quickstart (bf16) / quickstart_fp32 to force one, e.g. `make demo RECIPE=quickstart_fp32`.
 RECIPE ?=
 
-.PHONY: help install data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode \
+.PHONY: help install browser data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode \
 	ablation-gpu ablation-cpu ablation-length ablation-length-ft ablation-uptrain ablation-rnn clean
 
 help:  ## list the targets
@@ -35,7 +35,18 @@ demo: data  ## the main job: measure, train quickstart or quickstart_fp32 (<= 10
 	$(PY) scripts/quickstart.py$(if $(RECIPE), --recipe $(RECIPE)) hydra.run.dir=$(RUN_DIR)
 	$(PY) translate.py $(RUN_DIR)/checkpoints/best.ckpt "Ein Mann fährt mit dem Fahrrad." "Zwei Hunde spielen im Schnee."
 
-test: install  ## every test of every layer (unit, integration, scripts), slow-marked ones included (CI)
+# The page's browser test (tests/integration/test_page.py) drives the distribution's Chromium: installed
+# here where apt-get can (as root), quietly; where it cannot, that test is skipped and says why.
+browser:  ## install Debian's chromium for the browser test, where apt-get can (root); never fails
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }; } && \
+	  echo "installed chromium for the browser test"; } || \
+	echo "no chromium (not root, or no apt-get): the browser test will be skipped"
+
+test: install browser  ## every test of every layer (unit, integration, scripts), slow-marked ones included (CI)
 	$(PY) -m pytest -q -m "slow or not slow" --durations=20 tests
 
 test-unit: install  ## the unit layer only (tests/unit), slow-marked tests included

@@ -6,15 +6,19 @@ if any job failed, and the last line names them (:mod:`app.training.sweep`).
 """
 
 import logging
+import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
+try:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import DictConfig
 
-from app.training.distributed import register_resolvers
-from app.training.sweep import run_job_in_own_process
-from app.training.task import train
+    from app.training.distributed import register_resolvers
+    from app.training.sweep import run_job_in_own_process
+    from app.training.task import train_or_exit
+except KeyboardInterrupt:  # Ctrl-C while torch and Lightning load: as quiet as one later
+    sys.exit(130)
 
 register_resolvers()  # before Hydra reads conf/train.yaml
 
@@ -26,9 +30,12 @@ def main(cfg: DictConfig) -> int | None:
     logging.getLogger("app").setLevel(logging.INFO)
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         return run_job_in_own_process()
-    train(cfg)
+    train_or_exit(cfg)  # a run refused for a reason it names: one error: line, exit status 2
     return None
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly with the shell's status for it (128 + SIGINT)
+        sys.exit(130)

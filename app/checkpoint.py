@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.data.tokenizer import Tokenizer
-from app.io import atomic_write
+from app.data.tokenizer import Tokenizer, TokenizerError
+from app.io import atomic_write, pickled_globals
 from app.models import build_model
+from app.models.limits import build_for_weights
 from app.models.seq2seq import Seq2Seq
 
 CHECKPOINT_KEY = "translation"  # where a checkpoint keeps the run config and the tokenizer models
@@ -80,11 +81,31 @@ def _numpy_arrays_allowed() -> Iterator[None]:
         yield
 
 
-def _refusal_reason(err: pickle.UnpicklingError) -> str | None:
-    """The global (a class or function) a file asked for beyond plain data, or None when the unpickler
-    stopped for another reason (garbage, an opcode it does not know: refused as "not a checkpoint")."""
-    found = re.search(r"(Unsupported global: GLOBAL \S+?)(?: was not|\.?\s|$)", str(err))
-    return found.group(1).strip() if found else None
+def _allowed_globals() -> set[str]:
+    """``module.name`` of every global the weights-only unpickler accepts (torch's list and ours)."""
+    from torch import _weights_only_unpickler as unpickler  # private; a guess without it is worse
+
+    names = set(getattr(unpickler, "_get_allowed_globals", dict)())
+    for entry in _numpy_array_globals():
+        names.add(entry[1] if isinstance(entry, tuple) else f"{entry.__module__}.{entry.__qualname__}")
+    return names
+
+
+def _refusal_reason(err: pickle.UnpicklingError, path: Path) -> str | None:
+    """The global (a class or function) a file asked for beyond plain data, or None when it names none
+    (garbage: refused as "not a checkpoint"). Torch names it for protocol-2 pickles; for others (its
+    unpickler stops at the first opcode of protocols 3-5) the file's opcodes are read without running."""
+    found = re.search(r"unsupported GLOBAL (\S+?)(?: was not| whose|\.?\s|$)", str(err), re.IGNORECASE)
+    if found:
+        return f"GLOBAL {found.group(1)}"
+    allowed = _allowed_globals()
+    try:
+        for name in pickled_globals(path):
+            if name not in allowed:
+                return f"GLOBAL {name}"
+    except Exception:  # not a pickle past some point: what was read named nothing refused
+        return None
+    return None
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -100,7 +121,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         with _numpy_arrays_allowed():
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = _refusal_reason(err)
+        reason = _refusal_reason(err, path)
         if reason is None:
             raise CheckpointError(
                 f"{path} is truncated or not a checkpoint (UnpicklingError: {err})"
@@ -204,21 +225,42 @@ def model_checkpoint(
     }
 
 
+def _tokenizer(extra: dict[str, Any], key: str, source: str) -> Tokenizer:
+    """The tokenizer stored under ``extra[key]``, or a :class:`CheckpointError` naming ``source``."""
+    try:
+        return Tokenizer.from_bytes(extra[key])
+    except TokenizerError as err:  # malformed, oversized, other special ids
+        raise CheckpointError(
+            f"{source}: its sentencepiece model {CHECKPOINT_KEY}.{key} is refused: {err}"
+        ) from err
+
+
 def model_from_checkpoint(checkpoint: dict[str, Any], *, source: str = "checkpoint") -> LoadedModel:
-    """Rebuild the model a checkpoint dict describes and load its weights (on CPU, in eval mode)."""
+    """Rebuild the model a checkpoint dict describes and load its weights (on CPU, in eval mode).
+
+    The config's sizes are bounded and the build may allocate only about what the file's weights
+    occupy (:func:`app.models.limits.build_for_weights`): a config that asks for more than its file
+    holds is refused before it costs more, whatever it says."""
     extra = checkpoint[CHECKPOINT_KEY]
     config = extra["config"]
-    src_tok, tgt_tok = Tokenizer.from_bytes(extra["src_spm"]), Tokenizer.from_bytes(extra["tgt_spm"])
-    model = build_model(
-        config["model"],
-        config["attention"],
-        src_vocab_size=src_tok.vocab_size,
-        tgt_vocab_size=tgt_tok.vocab_size,
-        pad_id=tgt_tok.pad_id,
-    )
+    src_tok, tgt_tok = _tokenizer(extra, "src_spm", source), _tokenizer(extra, "tgt_spm", source)
+
+    def build() -> Seq2Seq:
+        return build_model(
+            config["model"],
+            config["attention"],
+            src_vocab_size=src_tok.vocab_size,
+            tgt_vocab_size=tgt_tok.vocab_size,
+            pad_id=tgt_tok.pad_id,
+        )
+
     weights = {
         k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
     }
+    try:
+        model = build_for_weights(build, weights)
+    except ValueError as err:  # out-of-bounds sizes, weights that do not fit, an unknown setting
+        raise CheckpointError(f"{source}: {err}") from err
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:  # e.g. written by a version whose layer layout differed

@@ -152,3 +152,30 @@ def cpu_description() -> dict[str, object]:
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "bf16")
     flags = cpu_flags()
     return {"cpu_model": cpu_model(), "cpu_flags": [f for f in wanted if f in flags]}
+
+
+def usable_device(name: str | torch.device) -> torch.device:
+    """``name`` as a device this process can compute on, checked before anything is loaded onto it.
+
+    A ValueError names the device and why not: a name torch does not know (``gpu``), CUDA on a torch
+    built without it or with no GPU visible, a GPU index past the last one, MPS where there is none.
+    Without this, a model moved there fails deep inside torch (``Torch not compiled with CUDA enabled``).
+    """
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {str(name)!r}: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device {str(name)!r} is not available: {why}; use cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"device {str(name)!r} is not available: {count} GPU(s), cuda:0 to cuda:{count - 1}"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {str(name)!r} is not available on this machine; use cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {str(name)!r} is not supported here: use cpu, cuda or cuda:N")
+    return device

@@ -1,8 +1,9 @@
-"""Serve a model over HTTP: POST /translate, GET /health (see docs/serving.md).
+"""Serve a model over HTTP: POST /translate, GET /health, and a page at GET / (see docs/serving.md).
 
 python scripts/serve.py runs/x/checkpoints/best.ckpt --port 8080
 python scripts/serve.py exports/x_ct2 --threads 4 --max-batch-tokens 8192
 curl -s localhost:8080/translate --json '{"sentences": ["Ein Hund läuft."], "beam": 5}'
+open http://127.0.0.1:8080/ in a browser: type sentences, read translations and attention maps
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from app.checkpoint import CheckpointError
 from app.inference.cli import add_compile_arg, add_ensemble_arg
 from app.inference.engines import ENGINES, open_engine
 from app.serving import ServerLimits, create_app
+from app.serving.connections import ConnectionLimits
 from app.serving.warmup import warm_up
 
 
@@ -47,7 +49,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--stuck-after", type=float, default=defaults.stuck_after_s, help="/health 503 after (seconds)"
     )
+    add_connection_args(parser)
     return parser.parse_args(argv)
+
+
+def add_connection_args(parser: argparse.ArgumentParser) -> None:
+    """Bounds on connections, enforced below the app (see app/serving/connections.py)."""
+    defaults = ConnectionLimits()
+    parser.add_argument(
+        "--max-connections", type=int, default=defaults.max_connections, help="open at once; then refused"
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=defaults.header_timeout_s,
+        help="seconds for a request's headers to arrive, from connect or the last response",
+    )
+    parser.add_argument(
+        "--keep-alive", type=float, default=defaults.keep_alive_s, help="seconds an idle connection is kept"
+    )
+    parser.add_argument(
+        "--max-header-bytes", type=int, default=defaults.max_header_bytes, help="request line + headers"
+    )
+
+
+def connections_from(args: argparse.Namespace) -> ConnectionLimits:
+    """The connection bounds from the command line (ValueError names a bad one)."""
+    return ConnectionLimits(
+        max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout,
+        keep_alive_s=args.keep_alive,
+        max_header_bytes=args.max_header_bytes,
+    )
 
 
 def limits_from(args: argparse.Namespace) -> ServerLimits:
@@ -70,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     try:
-        limits = limits_from(args)
+        limits, connections = limits_from(args), connections_from(args)
         # A server decodes for hours: auto's packages pay for themselves, built before it listens
         compile = "aot" if args.compile == "auto" else args.compile
         engine = open_engine(
@@ -87,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         log_level="info",
         timeout_graceful_shutdown=int(limits.request_timeout_s) + 1,  # in-flight requests are answered
+        **connections.uvicorn_options(),
     )
     return 0
 

@@ -137,9 +137,11 @@ def write_checkpoint(
     attention_cfg: dict[str, Any],
     seed: int = 0,
     prepare: Callable[[torch.nn.Module], None] | None = None,
+    data_cfg: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
     """Save a random model (changed by ``prepare`` if given) as a checkpoint, in the one format
-    :mod:`app.checkpoint` defines for training and inference alike."""
+    :mod:`app.checkpoint` defines for training and inference alike; ``data_cfg`` (e.g. ``directions``)
+    becomes the run's ``data`` config."""
     torch.manual_seed(seed)
     model = build_model(
         model_cfg,
@@ -151,7 +153,7 @@ def write_checkpoint(
     if prepare is not None:
         prepare(model)
     model.eval()
-    config = {"model": model_cfg, "attention": attention_cfg}
+    config = {"model": model_cfg, "attention": attention_cfg, **({"data": data_cfg} if data_cfg else {})}
     save_atomically(model_checkpoint(model, config, tokenizer, tokenizer), path)
     return model
 

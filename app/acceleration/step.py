@@ -27,7 +27,7 @@ class CacheTensors:
     self_v: list[Tensor]
     cross_k: list[Tensor]  # (B, Hkv, S, Dh) each (or k reduced rows, or B*G rows: see MultiHeadAttention)
     cross_v: list[Tensor]
-    cross_mask: list[Tensor | None]  # (B, k) for kernels that reduce keys (linformer), else None
+    cross_mask: list[Tensor | None]  # (B, 1 | Hkv, k) for kernels that reduce keys (linformer), else None
     windows: tuple[int | None, ...] = field(default=())  # each self cache's ``max_len`` (sliding windows)
     rows: Tensor | None = None  # (B*G,) with ``held``: the rows of self_k/self_v each decoder row goes on
     # from (a beam reorder not applied yet); None: self_k/self_v are the decoder's rows in order

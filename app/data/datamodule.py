@@ -19,6 +19,7 @@ from app.data.batching import TokenBucketBatchSampler
 from app.data.corpora import Corpora
 from app.data.corpus import keep_mask
 from app.data.encoded import EncodedPairs, ResampledPairs, encode_split
+from app.data.length_check import LengthLimits, check_evaluation_lengths, check_training_lengths
 from app.data.multilingual import temperature_rows
 from app.data.tokenizer import SubwordSampling, Tokenizer
 
@@ -53,6 +54,9 @@ class TranslationDataModule(pl.LightningDataModule):
     segmentation the model is evaluated and used with. ``num_workers`` DataLoader processes read and pad
     batches off the training process. The training pairs of the corpus's directions are mixed by
     ``sampling_temperature`` (:func:`app.data.multilingual.temperature_rows`; one direction: all of them).
+    A split that these limits leave with less than ``min_kept`` of its examples (training: kept, evaluation:
+    read whole), or with none, is refused in ``setup`` (:mod:`app.data.length_check`), which ``build_fit``
+    calls before any Trainer is built.
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class TranslationDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         subword_sampling: SubwordSampling | None = None,
         sampling_temperature: float = 1.0,
+        min_kept: float = 0.5,
     ) -> None:
         super().__init__()
         if num_workers < 0:
@@ -80,6 +85,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.max_tokens, self.max_positions = max_tokens, max_positions
         self.max_len = min(max_len, max_positions - 1)  # room for the EOS / BOS the collator adds
+        self.limits = LengthLimits(max_len, max_positions, corpora.layout.concat, min_kept)
         self.max_ratio = max_ratio
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.cache_dir = Path(cache_dir)
@@ -120,6 +126,7 @@ class TranslationDataModule(pl.LightningDataModule):
                 data.get("subword_sampling"), data["subword"].get("model_type", "unigram")
             ),
             sampling_temperature=data.get("sampling_temperature") or 1.0,
+            min_kept=data.get("min_kept", 0.5),
         )
 
     def setup(self, stage: str | None = None) -> None:
@@ -152,6 +159,7 @@ class TranslationDataModule(pl.LightningDataModule):
         )
         if self.max_ratio is not None:
             log.info("training pairs: %d more dropped (length ratio > %g)", counts.ratio, self.max_ratio)
+        check_training_lengths(src_len, tgt_len, counts.kept, self.limits)
         rows = self._mixed(np.flatnonzero(keep))
         if self.subword_sampling.enabled:
             return ResampledPairs(
@@ -176,6 +184,7 @@ class TranslationDataModule(pl.LightningDataModule):
     def _truncate(self, split: str, encoded: datasets.Dataset) -> EncodedPairs:
         limit = self.max_positions - 1
         src_len, tgt_len = EncodedPairs(encoded).side_lengths()
+        check_evaluation_lengths(split, src_len, tgt_len, self.limits)
         too_long = int((src_len > limit).sum() + (tgt_len > limit).sum())
         if too_long:
             log.warning(

@@ -12,15 +12,16 @@ the corpus as Python objects. Every DataLoader worker and every DDP rank maps th
 system keeps one copy of the pages however many processes read them.
 
 A cache heals: its manifest records each file's size and SHA-256 (every file is fsynced before the
-manifest is written, and the manifest before the directory is renamed into place), and a cache that
-fails to load or to match its manifest is moved aside (``<key>.corrupt-<time>``) and rebuilt, with a
-warning naming it. Checking costs one read of the files per load (about a second per GB).
+manifest is written, and the manifest before the directory is renamed into place;
+:mod:`app.data.cache_manifest`), and an entry that fails to load or to match its manifest (a missing or
+malformed manifest, a truncated or rewritten file, columns of another type) is moved aside
+(``<key>.corrupt-<time>``) and rebuilt, with one warning naming it. Checking costs one read of the files
+per load (about a second per GB).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -34,9 +35,10 @@ import numpy as np
 import pyarrow as pa
 from torch.utils.data import Dataset
 
+from app.data.cache_manifest import MANIFEST, CacheError, read_manifest, write_manifest
 from app.data.corpus import TextColumn, TextDigest
 from app.data.tokenizer import SubwordSampling, Tokenizer
-from app.io import file_sha256, fsync_file, move_aside
+from app.io import fsync_file, move_aside
 from app.ranks import launched_as_local_zero, wait_for_file
 
 __all__ = [
@@ -62,7 +64,6 @@ _FEATURES = datasets.Features(
         "tgt_len": datasets.Value("int32"),
     }
 )
-_MANIFEST = "manifest.json"
 
 
 def text_column(dataset: datasets.Dataset, name: str) -> TextColumn:
@@ -130,7 +131,7 @@ def encode_split(
     if num_proc < 1:
         raise ValueError(f"data.num_proc must be >= 1, got {num_proc}")
     directory = Path(cache_dir) / encoding_key(texts, src_tokenizer, tgt_tokenizer)
-    if (directory / _MANIFEST).is_file():
+    if directory.exists() or directory.is_symlink():  # published whole (manifest inside), or damaged
         try:
             return _load(directory)
         except _UNREADABLE as err:
@@ -138,24 +139,27 @@ def encode_split(
                 raise CacheError(
                     f"token cache {directory} is unreadable ({err}); local rank 0 rebuilds it"
                 ) from err
-            aside = move_aside(directory)
-            log.warning(
-                "token cache %s is unreadable (%s): moved to %s, rebuilding it", directory, err, aside
-            )
+            _heal(directory, err)
     if launched_as_local_zero():
         _build(texts, _EncodeBatch(src_tokenizer, tgt_tokenizer), directory, num_proc, name)
     else:
-        wait_for_file(directory / _MANIFEST)
+        wait_for_file(directory / MANIFEST)
     return _load(directory)
 
 
-class CacheError(RuntimeError):
-    """A cached file that does not match its manifest (truncated, overwritten, missing)."""
-
-
-# What a damaged cache raises on load: a missing or truncated file (OSError, pyarrow's errors), a bad
-# manifest (ValueError from json, KeyError), a row count or checksum that does not match (CacheError).
+# What a damaged cache raises on load: a missing or truncated file (OSError, pyarrow's errors), a manifest
+# that is no JSON (ValueError), one of the wrong shape, or files that do not match it (CacheError).
 _UNREADABLE = (OSError, ValueError, KeyError, TypeError, pa.ArrowException, CacheError)
+
+
+def _heal(directory: Path, err: Exception) -> None:
+    """Move a damaged cache entry aside (kept for inspection) so that it is rebuilt, with one warning."""
+    try:
+        aside = move_aside(directory)
+    except FileNotFoundError:  # another process on this node moved it aside first: it rebuilds too
+        log.info("token cache %s was moved aside by another process", directory)
+        return
+    log.warning("token cache %s is unreadable (%s): moved to %s, rebuilding it", directory, err, aside)
 
 
 def _build(texts: datasets.Dataset, encode: _EncodeBatch, directory: Path, num_proc: int, name: str) -> None:
@@ -175,49 +179,26 @@ def _build(texts: datasets.Dataset, encode: _EncodeBatch, directory: Path, num_p
             desc=f"tokenizing {name}",
         )
         files = [Path(entry["filename"]).name for entry in encoded.cache_files]
-        for file in files:
-            fsync_file(tmp / file)
-        manifest = {
-            "format": FORMAT_VERSION,
-            "rows": encoded.num_rows,
-            "files": files,
-            "bytes": {file: (tmp / file).stat().st_size for file in files},
-            "sha256": {file: file_sha256(tmp / file) for file in files},
-        }
-        with open(tmp / _MANIFEST, "w") as handle:
-            handle.write(json.dumps(manifest, indent=2) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        fsync_file(tmp)
+        write_manifest(tmp, format_version=FORMAT_VERSION, rows=encoded.num_rows, files=files)
         try:
             tmp.rename(directory)
         except OSError:  # another process published the same cache first: use theirs
-            if not (directory / _MANIFEST).is_file():
+            if not (directory / MANIFEST).is_file():
                 raise
         fsync_file(directory.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _check_files(directory: Path, manifest: dict[str, Any]) -> None:
-    """Each file's size and SHA-256 against the manifest (caches written before these were recorded
-    are only checked by loading them)."""
-    for file, size in manifest.get("bytes", {}).items():
-        actual = (directory / file).stat().st_size
-        if actual != size:
-            raise CacheError(f"{directory / file} has {actual} bytes, its manifest says {size}")
-    for file, digest in manifest.get("sha256", {}).items():
-        if file_sha256(directory / file) != digest:
-            raise CacheError(f"{directory / file} does not match the checksum in its manifest")
-
-
 def _load(directory: Path) -> datasets.Dataset:
-    manifest = json.loads((directory / _MANIFEST).read_text())
-    _check_files(directory, manifest)
+    """The encoded split of a cache entry, after its manifest, files, columns and row count are checked."""
+    manifest = read_manifest(directory, format_version=FORMAT_VERSION)
     if not manifest["files"]:  # an empty split: map writes no file
         return datasets.Dataset.from_dict({name: [] for name in _FEATURES}, features=_FEATURES)
     parts = [datasets.Dataset.from_file(str(directory / file)) for file in manifest["files"]]
     encoded = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    if encoded.features != _FEATURES:  # another column set or type (int64 ids): not what batches expect
+        raise CacheError(f"token cache {directory} holds columns {encoded.features}, not {_FEATURES}")
     if encoded.num_rows != manifest["rows"]:
         raise CacheError(
             f"token cache {directory} holds {encoded.num_rows} rows, its manifest says {manifest['rows']}"

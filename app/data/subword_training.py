@@ -165,9 +165,23 @@ def _checksum_path(path: Path) -> Path:
 def _load_checked(path: Path) -> Tokenizer:
     """A cached model, checked against the SHA-256 written beside it (when there is one)."""
     checksum = _checksum_path(path)
-    if checksum.is_file() and checksum.read_text().strip() != file_sha256(path):
+    if checksum.exists() and checksum.read_text(encoding="ascii").strip() != file_sha256(path):
         raise TokenizerError(f"{path} does not match its checksum {checksum}")
     return Tokenizer.from_file(path)
+
+
+def _heal(path: Path, err: Exception) -> None:
+    """Move a damaged cached model aside (kept for inspection) and drop its checksum, with one warning."""
+    try:
+        aside = move_aside(path)
+    except FileNotFoundError:  # another process on this node moved it aside first: it trains again too
+        return
+    checksum = _checksum_path(path)
+    if checksum.is_file():
+        checksum.unlink(missing_ok=True)
+    elif checksum.exists() or checksum.is_symlink():  # a directory or a dangling link in its place
+        move_aside(checksum)
+    log.warning("cached tokenizer %s is unreadable (%s): moved to %s, training it again", path, err, aside)
 
 
 def _train_or_load_one(
@@ -175,17 +189,14 @@ def _train_or_load_one(
 ) -> Tokenizer:
     """Load the cached model; train it first on the node's first process, wait for it on the others."""
     path = _model_path(cache_dir, config, corpus_key, side, parts)
-    if path.is_file():
+    if path.exists() or path.is_symlink():
         try:
             return _load_checked(path)
-        except (TokenizerError, RuntimeError, OSError) as err:  # truncated, empty, overwritten
+        # truncated, empty, overwritten, a directory in its place, a checksum that is not text
+        except (TokenizerError, RuntimeError, OSError, ValueError) as err:
             if not launched_as_local_zero():
                 raise TokenizerError(f"cached tokenizer {path} is unreadable ({err})") from err
-            aside = move_aside(path)
-            _checksum_path(path).unlink(missing_ok=True)
-            log.warning(
-                "cached tokenizer %s is unreadable (%s): moved to %s, training it again", path, err, aside
-            )
+            _heal(path, err)
     if launched_as_local_zero():
         _publish_once(path, _train_model_proto(parts, config))
     else:

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 MODEL_TYPES = ("unigram", "bpe")
 _SPECIAL_IDS = frozenset({PAD_ID, BOS_ID, EOS_ID})
 _MIN_VOCAB_SIZE = 5  # the four specials plus at least one real piece
+MAX_PIECES = 262_144
+"""The largest vocabulary a sentencepiece model may have (training and reading alike)."""
+MAX_MODEL_BYTES = 8 * 2**20
+"""The largest serialized sentencepiece model read: a 262,144-piece model takes about 5 MiB."""
 
 
 class TokenizerError(ValueError):
@@ -86,8 +90,11 @@ class SubwordConfig:
         object.__setattr__(self, "user_defined_symbols", tuple(self.user_defined_symbols))  # YAML lists
         if self.model_type not in MODEL_TYPES:
             raise TokenizerError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
-        if self.vocab_size < _MIN_VOCAB_SIZE:
-            raise TokenizerError(f"vocab_size must be > 4 (4 ids are reserved), got {self.vocab_size}")
+        if not _MIN_VOCAB_SIZE <= self.vocab_size <= MAX_PIECES:
+            raise TokenizerError(
+                f"vocab_size must be > 4 (4 ids are reserved) and at most {MAX_PIECES:,}, "
+                f"got {self.vocab_size}"
+            )
         if not 0.0 < self.character_coverage <= 1.0:
             raise TokenizerError(f"character_coverage must be in (0, 1], got {self.character_coverage}")
         if self.max_sentence_length < 1 or self.input_sentence_size < 1:
@@ -162,8 +169,24 @@ class Tokenizer:
 
     @classmethod
     def from_bytes(cls, model_proto: bytes) -> Tokenizer:
-        """Rebuild a tokenizer from :meth:`to_bytes` output (e.g. stored inside a checkpoint)."""
-        return cls(spm.SentencePieceProcessor(model_proto=model_proto))
+        """Rebuild a tokenizer from :meth:`to_bytes` output (e.g. stored inside a checkpoint).
+
+        Raises :class:`TokenizerError` for bytes that are not a sentencepiece model, or one over
+        :data:`MAX_MODEL_BYTES` (refused before parsing) or :data:`MAX_PIECES`.
+        """
+        if len(model_proto) > MAX_MODEL_BYTES:
+            raise TokenizerError(
+                f"a sentencepiece model of {len(model_proto):,} bytes; at most {MAX_MODEL_BYTES:,} are read"
+            )
+        try:
+            processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        except RuntimeError as err:  # sentencepiece's parse failure ("INTERNAL: ... ParseFromArray")
+            raise TokenizerError(f"not a valid sentencepiece model ({str(err).strip()[:200]})") from err
+        if processor.vocab_size() > MAX_PIECES:
+            raise TokenizerError(
+                f"a sentencepiece model of {processor.vocab_size():,} pieces; at most {MAX_PIECES:,}"
+            )
+        return cls(processor)
 
     def to_bytes(self) -> bytes:
         """The serialized model proto: everything needed to rebuild this tokenizer."""

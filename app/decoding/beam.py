@@ -1,4 +1,4 @@
-"""Batched beam search with a GNMT length penalty (Wu et al. 2016, eq. 14).
+"""Batched beam search with a GNMT length penalty (Wu et al. 2016, eq. 14), or Marian's |Y|^alpha.
 
 All B x K hypotheses advance together through the model's ``decode_step``. At each step the 2K best
 continuations of every sentence are ranked; those ending in EOS among the top K are finished, the K
@@ -8,6 +8,7 @@ limit, where only EOS is allowed). With K = 1 this is exactly greedy search.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -18,10 +19,29 @@ from app.decoding.greedy import constrain
 from app.decoding.hypothesis import Hypothesis
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
 
+MAX_LENGTH_PENALTY = 5.0  # alpha above this ranks by length alone (the server's bound too)
+LENGTH_NORMS = ("gnmt", "power")
 
-def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
-    """((5 + |Y|) / 6) ** alpha; alpha = 0 compares raw log-probabilities."""
+
+def length_penalty(length: Tensor | int, alpha: float, norm: str = "gnmt") -> Tensor | float:
+    """What a finished hypothesis's summed log-probability is divided by: ``gnmt`` ((5 + |Y|) / 6) ** alpha
+    (Wu et al. 2016, eq. 14), ``power`` |Y| ** alpha (Marian, Hugging Face, CTranslate2); |Y| counts EOS.
+    alpha = 0 compares raw log-probabilities."""
+    if norm == "power":
+        return float(length) ** alpha if isinstance(length, int) else length**alpha
+    if norm != "gnmt":
+        raise ValueError(f"unknown length_norm {norm!r}; valid choices: {', '.join(LENGTH_NORMS)}")
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def check_length_penalty(alpha: float) -> None:
+    """The one rule for alpha (translate.py, the server, every config's search settings): a finite number
+    in [0, MAX_LENGTH_PENALTY]. NaN or infinity makes every score NaN (and ``--format jsonl`` no JSON); a
+    negative alpha prefers ever longer outputs."""
+    if not (math.isfinite(alpha) and 0.0 <= alpha <= MAX_LENGTH_PENALTY):
+        raise ValueError(
+            f"length penalty (alpha) must be a number in [0, {MAX_LENGTH_PENALTY:g}], got {alpha}"
+        )
 
 
 @dataclass
@@ -100,6 +120,7 @@ def beam_search(
     limits: Tensor,
     alpha: float = 0.6,
     banned: tuple[int, ...] = (),
+    length_norm: str = "gnmt",
 ) -> list[list[int]]:
     """Best hypothesis per sentence (ids without BOS/EOS). ``src`` (B, S); ``limits`` (B,) max tokens."""
     found = beam_hypotheses(
@@ -111,6 +132,7 @@ def beam_search(
         limits=limits,
         alpha=alpha,
         banned=banned,
+        length_norm=length_norm,
     )
     return [hyps[0].tokens for hyps in found]
 
@@ -127,12 +149,15 @@ def beam_hypotheses(
     alpha: float = 0.6,
     banned: tuple[int, ...] = (),
     nbest: int = 1,
+    length_norm: str = "gnmt",
 ) -> list[list[Hypothesis]]:
-    """The ``nbest`` (<= ``beam_size``) best hypotheses per sentence, best first, with their scores.
+    """The ``nbest`` (<= ``beam_size``) best hypotheses per sentence, best first, with their scores
+    (summed log-probabilities over :func:`length_penalty` of ``length_norm``).
 
     Sentences that have K finished hypotheses leave the batch, so the remaining steps cost less.
     """
     k = beam_size
+    length_penalty(1, alpha, length_norm)  # an unknown norm fails before any work
     if not 1 <= nbest <= k:
         raise ValueError(f"nbest={nbest} must be between 1 and the beam size {k}")
     encoded = model.encode(src)
@@ -149,7 +174,10 @@ def beam_hypotheses(
             scores, row_limits = beams.scores, beams.limits
         log_probs = constrain(log_probs, step, row_limits, eos_id, banned, limit_steps=limit_steps)
         cand_scores, cand_beam, cand_token = top_candidates(scores, log_probs, k)
-        collect_finished(finished, done, beams, cand_scores, cand_beam, cand_token, log_probs, eos_id, alpha)
+        penalty = (alpha, length_norm)
+        collect_finished(
+            finished, done, beams, cand_scores, cand_beam, cand_token, log_probs, eos_id, penalty
+        )
         live = done[beams.sentence] < k  # (b,)
         if not bool(live.any()):
             break
@@ -206,9 +234,10 @@ def collect_finished(
     cand_token: Tensor,
     log_probs: Tensor,
     eos_id: int,
-    alpha: float,
+    penalty: tuple[float, str],
 ) -> None:
-    """Move EOS candidates ranked within the top K into their sentence's finished list.
+    """Move EOS candidates ranked within the top K into their sentence's finished list; ``penalty``:
+    (alpha, length_norm) of :func:`length_penalty`.
 
     Only the (few) EOS candidates reach Python; ``done`` (B,) counts each sentence's finished ones.
     """
@@ -217,7 +246,7 @@ def collect_finished(
     if not bool(ends.any()):
         return
     length = beams.history.size(1) + 1  # tokens so far plus EOS
-    penalty = length_penalty(length, alpha)
+    divisor = length_penalty(length, *penalty)
     live_pos, pos = ends.nonzero(as_tuple=True)
     beam = cand_beam[live_pos, pos]
     parent = live_pos * k + beam  # (E,) rows of the beams that end here
@@ -230,5 +259,5 @@ def collect_finished(
     ):
         if len(finished[sentence].hyps) >= k:
             continue
-        finished[sentence].hyps.append(Hypothesis(tokens, total / penalty, [*scores, eos]))
+        finished[sentence].hyps.append(Hypothesis(tokens, total / divisor, [*scores, eos]))
         done[sentence] += 1

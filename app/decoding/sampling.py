@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +12,8 @@ from torch import Tensor
 from app.decoding.greedy import token_search
 from app.decoding.hypothesis import Hypothesis
 from app.models.seq2seq import Seq2Seq
+
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0  # outside: softmax of log-probs / T over- or underflows
 
 
 @dataclass(frozen=True)
@@ -24,24 +27,28 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0 or self.temperature <= 0.0:
+        temperature_ok = (
+            math.isfinite(self.temperature) and MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE
+        )
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0 or not temperature_ok:
             raise ValueError(
                 f"sampling needs top_k >= 0 (got {self.top_k}), 0 < top_p <= 1 (got {self.top_p}) and "
-                f"temperature > 0 (got {self.temperature})"
+                f"a temperature in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] (got {self.temperature})"
             )
 
     @classmethod
     def parse(cls, text: str, *, temperature: float = 1.0, seed: int = 0) -> Sampling:
         """``topk:K`` or ``topp:P`` (the ``--sample`` option) as settings; a bad spec names the forms."""
         kind, _, value = text.partition(":")
+        if kind not in ("topk", "topp"):
+            raise ValueError(
+                f"bad sampling spec {text!r}: use topk:K (e.g. topk:10) or topp:P (e.g. topp:0.9)"
+            )
         try:
-            if kind == "topk":
-                return cls(top_k=int(value), temperature=temperature, seed=seed)
-            if kind == "topp":
-                return cls(top_p=float(value), temperature=temperature, seed=seed)
+            limit = {"top_k": int(value)} if kind == "topk" else {"top_p": float(value)}
         except ValueError as err:
             raise ValueError(f"bad sampling spec {text!r}: {err}") from err
-        raise ValueError(f"bad sampling spec {text!r}: use topk:K (e.g. topk:10) or topp:P (e.g. topp:0.9)")
+        return cls(**limit, temperature=temperature, seed=seed)  # out-of-range values: named by the checks
 
 
 def filter_logits(log_probs: Tensor, sampling: Sampling) -> Tensor:

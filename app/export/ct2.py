@@ -3,18 +3,18 @@
 The model is described through ctranslate2's Python spec API and every weight is mapped by name:
 
     ours                                        CTranslate2
-    src_embed / tgt_embed (x sqrt(d_model))     embeddings, scale_embeddings=True
-    positions.table (sin at even, cos at odd)   position_encodings.encodings (set explicitly: CT2's
+    src_embed / tgt_embed (x sqrt(d_model))     embeddings, scale_embeddings (False where unscaled)
+    positions.table (either layout)             position_encodings.encodings (set explicitly: CT2's
                                                 built-in table puts all sines before all cosines)
     attn_block.norm / self_block.norm           self_attention.layer_norm / attention.layer_norm /
-    cross_block.norm / ffn_block.norm           ffn.layer_norm, before each sublayer (pre-norm only:
-                                                post-norm exports are refused, see check_exportable)
+    cross_block.norm / ffn_block.norm           ffn.layer_norm, before each sublayer (pre-norm) or
+                                                after each residual sum (post-norm, pre_norm=False)
     self_attn.{q,k,v}_proj                      self_attention.linear[0] (fused q|k|v rows)
     self_attn.out_proj                          self_attention.linear[1]
     cross_attn.q_proj / {k,v}_proj / out_proj   attention.linear[0] / linear[1] (fused k|v) / linear[2]
-    ffn.0 / ffn.3                               ffn.linear_0 / ffn.linear_1 (ReLU)
+    ffn.0 / ffn.3                               ffn.linear_0 / ffn.linear_1 (ReLU, swish or GELU)
     encoder_norm / decoder_norm (pre-LN only)   encoder.layer_norm / decoder.layer_norm
-    output                                      decoder.projection (the embedding when tied)
+    output (+ its bias, if any)                 decoder.projection (the embedding when tied)
 
 Beside CTranslate2's files the directory keeps both sentencepiece models and ``attn_mt.json`` (model
 limits and the source checkpoint), so ``translate.py DIR`` needs nothing else.
@@ -37,7 +37,7 @@ from app.attention.multihead import MultiHeadAttention
 from app.checkpoint import LoadedModel, load_model
 from app.data.multilingual import Languages
 from app.data.tokenizer import Tokenizer
-from app.models.transformer import DecoderLayer, EncoderLayer, Transformer
+from app.models.transformer import ACTIVATIONS, DecoderLayer, EncoderLayer, Transformer
 
 QUANTIZATIONS = ("float32", "bfloat16", "float16", "int16", "int8", "int8_float32", "int8_bfloat16")
 METADATA_FILE = "attn_mt.json"
@@ -116,12 +116,9 @@ def check_exportable(model: nn.Module) -> None:
                     f"softmax attention only ({', '.join(EXACT_KERNELS)} kernels), no sparse or linear "
                     "attention"
                 )
-    if not model.encoder[0].attn_block.pre_norm:
-        raise ExportError(
-            "post-norm Transformers are not exported: CTranslate2's post-norm layers gave different outputs "
-            "from ours once the layer norms were trained (tests/integration/test_export_ct2.py); "
-            "pre-norm models (the default) are supported"
-        )
+    activation = type(model.encoder[0].ffn[1])
+    if activation not in ACTIVATIONS.values():
+        raise ExportError(f"the feed-forward activation {activation.__name__} has no CTranslate2 counterpart")
     self_kv = {layer.self_attn.num_kv_heads for layer in model.decoder}
     cross_kv = {layer.cross_attn.num_kv_heads for layer in model.decoder}
     if len(self_kv | cross_kv) > 1:
@@ -141,14 +138,15 @@ def transformer_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer)
     first_enc, first_dec = model.encoder[0], model.decoder[0]
     pre_norm = first_enc.attn_block.pre_norm
     heads = first_enc.self_attn.num_heads
+    shape = {"pre_norm": pre_norm, "activation": ct2_activation(type(first_enc.ffn[1]))}
     encoder = TransformerEncoderSpec(
-        len(model.encoder), heads, pre_norm=pre_norm, num_heads_kv=kv_heads(first_enc.self_attn)
+        len(model.encoder), heads, num_heads_kv=kv_heads(first_enc.self_attn), **shape
     )
     decoder = TransformerDecoderSpec(
-        len(model.decoder), heads, pre_norm=pre_norm, num_heads_kv=kv_heads(first_dec.self_attn)
+        len(model.decoder), heads, num_heads_kv=kv_heads(first_dec.self_attn), **shape
     )
-    set_embeddings(encoder, model.src_embed.weight, model.positions.table)
-    set_embeddings(decoder, model.tgt_embed.weight, model.positions.table)
+    set_embeddings(encoder, model.src_embed, model.positions.table)
+    set_embeddings(decoder, model.tgt_embed, model.positions.table)
     for layer_spec, layer in zip(encoder.layer, model.encoder, strict=True):
         set_encoder_layer(layer_spec, layer)
     for layer_spec, layer in zip(decoder.layer, model.decoder, strict=True):
@@ -157,6 +155,8 @@ def transformer_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer)
         set_layer_norm(encoder.layer_norm, model.encoder_norm)
         set_layer_norm(decoder.layer_norm, model.decoder_norm)
     decoder.projection.weight = array(model.output.weight)
+    if model.output.bias is not None:  # Marian's final_logits_bias
+        decoder.projection.bias = array(model.output.bias)
     spec = TransformerSpec(encoder, decoder)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
     spec.config.decoder_start_token = tgt_tok.id_to_piece([tgt_tok.bos_id])[0]
@@ -180,10 +180,17 @@ def array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float32).numpy().copy()
 
 
-def set_embeddings(spec: Any, weight: torch.Tensor, positions: torch.Tensor) -> None:
+def ct2_activation(activation: type[nn.Module]) -> Any:
+    """CTranslate2's activation for one of ours (:data:`app.models.transformer.ACTIVATIONS`)."""
+    from ctranslate2.specs.common_spec import Activation
+
+    return {nn.ReLU: Activation.RELU, nn.SiLU: Activation.SWISH, nn.GELU: Activation.GELU}[activation]
+
+
+def set_embeddings(spec: Any, embedding: nn.Embedding, positions: torch.Tensor) -> None:
     embeddings = spec.embeddings if isinstance(spec.embeddings, list) else [spec.embeddings]
-    embeddings[0].weight = array(weight)  # the encoder spec holds a list (source features); we have one
-    spec.scale_embeddings = True  # TokenEmbedding multiplies by sqrt(d_model)
+    embeddings[0].weight = array(embedding.weight)  # the encoder spec: a list (source features); we have one
+    spec.scale_embeddings = embedding.scale != 1.0  # TokenEmbedding multiplies by sqrt(d_model), or not
     spec.position_encodings.encodings = array(positions)  # (max_positions, D)
 
 

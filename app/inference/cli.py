@@ -19,7 +19,6 @@ In a pipe it behaves like other Unix filters: ``--buffer-size 1`` answers each l
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
@@ -32,10 +31,18 @@ import torch
 from app.acceleration.auto import COMPILE_MODES
 from app.checkpoint import CheckpointError
 from app.decoding import Sampling
-from app.inference.engine import Engine, SearchSettings, Translation
+from app.decoding.beam import LENGTH_NORMS
+from app.inference.engine import Engine, SearchSettings
 from app.inference.engines import ENGINES, open_engine
 from app.inference.evaluate import Evaluation, evaluate
-from app.inference.lines import chunks, decode_lines, output_file, silence_stdout
+from app.inference.lines import (
+    OutputError,
+    chunks,
+    decode_lines,
+    jsonl_record,
+    output_file,
+    silence_stdout,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,6 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--max-len", type=int, default=256, help="most output subwords per sentence")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha")
+    parser.add_argument(
+        "--length-norm",
+        choices=LENGTH_NORMS,
+        help="beam scores over ((5 + |Y|) / 6)^alpha (gnmt) or |Y|^alpha (power: Marian, Hugging Face) "
+        "(default: the checkpoint's test_search.length_norm: power for imported Marian models, else gnmt)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--tgt-lang",
@@ -145,32 +158,13 @@ def search_settings(args: argparse.Namespace) -> SearchSettings:
     return SearchSettings(
         beam=args.beam,
         alpha=args.length_penalty,
+        length_norm=getattr(args, "length_norm", None),
         max_len=args.max_len,
         batch_size=args.batch_size,
         nbest=args.nbest,
         sampling=sampling,
         target_lang=getattr(args, "tgt_lang", None),
     )
-
-
-def jsonl_record(source: str, translations: list[Translation], target_lang: str | None = None) -> str:
-    """One JSON line: the input, its hypotheses (best first) with total and per-token scores and, from
-    the torch engine, the alignment as [target subword, most attended source subword] pairs; with a
-    ``target_lang`` (``--tgt-lang``), that language too."""
-    record = {
-        "input": source,
-        **({"target_lang": target_lang} if target_lang else {}),
-        "hypotheses": [
-            {
-                "text": t.text,
-                "score": t.score,
-                "token_scores": t.token_scores,
-                **({"alignment": [list(pair) for pair in t.alignment]} if t.alignment is not None else {}),
-            }
-            for t in translations
-        ],
-    }
-    return json.dumps(record, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -206,7 +200,11 @@ def translate_group(
         if attention is not None:
             line = first_line + index
             title = f"line {line}: {attention.translation}"
-            save_attention_plot(attention, plots.directory / plot_file_name(line), title=title)
+            path = plots.directory / plot_file_name(line)
+            try:
+                save_attention_plot(attention, path, title=title)
+            except OSError as err:
+                raise OutputError.of(f"the attention plot {path}", err) from None
     return ["" if m is None else m.translation for m in maps]
 
 
@@ -255,11 +253,37 @@ def translate_stream(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``translate.py``'s exit status: 0 done (or a reader that went away, ``| head -1``), 2 a bad argument,
+    model, input or output (one ``error:`` line, no traceback), 130 interrupted (Ctrl-C, quietly; ``-o
+    FILE`` is left as it was, since it is only replaced once every line is written)."""
     args = parse_args(argv)
     try:
-        if args.buffer_size is not None and args.buffer_size < 1:
-            raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
-        settings = search_settings(args)
+        return translate_command(args)
+    # a bad checkpoint, input, output (OutputError) or setting, an attention layer the model lacks
+    except (CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (`| head -1`): nothing more to do
+        silence_stdout()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+def translate_command(args: argparse.Namespace) -> int:
+    """Check the arguments, open the input, the output and the model (in that order: the cheap checks
+    first), then translate; a mistake raises ValueError naming it."""
+    if args.buffer_size is not None and args.buffer_size < 1:
+        raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    if args.ref and (args.plot_attention or args.format == "jsonl"):
+        raise ValueError(
+            "--ref writes plain translations: it cannot be combined with --plot-attention or jsonl"
+        )
+    settings = search_settings(args)
+    plots = plot_settings(args)
+    with ExitStack() as stack:  # an error inside leaves -o FILE as it was (see output_file)
+        lines = input_lines(args, stack)
+        out = stack.enter_context(output_file(args.output))
         engine = open_engine(
             args.checkpoint,
             engine=args.engine,
@@ -270,46 +294,39 @@ def main(argv: list[str] | None = None) -> int:
         )
         if engine.languages is not None:  # a multilingual model needs --tgt-lang; any model checks it
             engine.languages.tag(args.tgt_lang, args.src_lang)
-    except (CheckpointError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    plots = (
-        PlotSettings(Path(args.plot_attention), layer=args.attention_layer, head=args.attention_head)
-        if args.plot_attention
-        else None
-    )
-    try:
-        if args.ref and (plots is not None or args.format == "jsonl"):
-            raise ValueError(
-                "--ref writes plain translations: it cannot be combined with --plot-attention or jsonl"
+        if args.ref:
+            evaluation = score_against_reference(engine, list(lines), args, settings, out)
+            print(format_evaluation(evaluation), file=sys.stderr)
+        else:
+            interactive = not args.sentences and not args.input and sys.stdin.isatty()
+            translate_stream(
+                engine,
+                lines,
+                out,
+                settings,
+                interactive=interactive,
+                plots=plots,
+                jsonl=args.format == "jsonl",
+                buffer_size=args.buffer_size,
             )
-        with ExitStack() as stack:  # an error inside leaves -o FILE as it was (see output_file)
-            lines = input_lines(args, stack)
-            out = stack.enter_context(output_file(args.output))
-            if args.ref:
-                evaluation = score_against_reference(engine, list(lines), args, settings, out)
-                print(format_evaluation(evaluation), file=sys.stderr)
-            else:
-                interactive = not args.sentences and not args.input and sys.stdin.isatty()
-                translate_stream(
-                    engine,
-                    lines,
-                    out,
-                    settings,
-                    interactive=interactive,
-                    plots=plots,
-                    jsonl=args.format == "jsonl",
-                    buffer_size=args.buffer_size,
-                )
-    except ValueError as err:  # e.g. an attention layer or head the model lacks, a line count mismatch
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # the reader went away (`| head -1`): nothing more to do
-        silence_stdout()
-        return 0
     if (report := engine.compile_report()) is not None:
         print(report, file=sys.stderr)
     return 0
+
+
+def plot_settings(args: argparse.Namespace) -> PlotSettings | None:
+    """What ``--plot-attention`` asks for, its directory made now: one that cannot be is named before
+    any model is loaded."""
+    if not args.plot_attention:
+        return None
+    directory = Path(args.plot_attention)
+    if directory.exists() and not directory.is_dir():
+        raise OutputError(f"--plot-attention {directory} is not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError.of(f"--plot-attention directory {directory}", err) from None
+    return PlotSettings(directory, layer=args.attention_layer, head=args.attention_head)
 
 
 def input_lines(args: argparse.Namespace, stack: ExitStack) -> Iterable[str]:
@@ -320,7 +337,7 @@ def input_lines(args: argparse.Namespace, stack: ExitStack) -> Iterable[str]:
         try:
             return decode_lines(stack.enter_context(open(args.input, "rb")), sys.stderr)
         except OSError as err:
-            raise SystemExit(f"error: cannot read {args.input}: {err.strerror}") from err
+            raise ValueError(f"cannot read {args.input}: {err.strerror}") from None
     return decode_lines(sys.stdin.buffer, sys.stderr)
 
 

@@ -21,6 +21,7 @@ import torch
 from app.data.multilingual import Languages
 from app.data.tokenizer import Tokenizer
 from app.decoding import Sampling
+from app.decoding.beam import LENGTH_NORMS, check_length_penalty
 
 Truncated = Callable[[int, int], None]  # (index in the batch, source length in subwords)
 
@@ -31,6 +32,9 @@ class SearchSettings:
 
     beam: int = 5  # 1 = greedy search
     alpha: float = 0.6  # GNMT length penalty exponent (beam search only)
+    # How beam search divides a score by length: gnmt | power (app.decoding.beam.length_penalty); None:
+    # the model's own (its checkpoint's test_search.length_norm: power for imported Marian models, else gnmt)
+    length_norm: str | None = None
     max_len: int = 256  # hard cap on output tokens
     len_ratio: float = 1.5  # per-sentence cap: len_ratio * source tokens + len_extra
     len_extra: int = 10
@@ -47,8 +51,13 @@ class SearchSettings:
                 f"beam ({self.beam}), batch_size ({self.batch_size}), max_len ({self.max_len}) and "
                 f"nbest ({self.nbest}) must all be >= 1"
             )
+        if self.length_norm not in (None, *LENGTH_NORMS):
+            raise ValueError(
+                f"length_norm must be one of {', '.join(LENGTH_NORMS)}, got {self.length_norm!r}"
+            )
         if self.sampling is None and self.nbest > self.beam:
             raise ValueError(f"nbest={self.nbest} needs a beam at least as wide (got beam={self.beam})")
+        check_length_penalty(self.alpha)
 
 
 @dataclass
@@ -79,6 +88,7 @@ class Engine(ABC):
     max_source_tokens: int
     tgt_tokenizer: Tokenizer  # counts output tokens for speed figures
     languages: Languages | None = None  # the directions it was trained on (set by open_engine)
+    has_attention_maps: bool = False  # whether attention_maps can answer (a kernel may still refuse)
 
     @property
     def device(self) -> torch.device:

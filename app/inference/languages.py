@@ -32,6 +32,7 @@ class TaggedEngine(Engine):
         self.name, self.source = engine.name, engine.source
         self.max_source_tokens = engine.max_source_tokens
         self.tgt_tokenizer = engine.tgt_tokenizer
+        self.has_attention_maps = engine.has_attention_maps
 
     @property
     def device(self) -> torch.device:

@@ -48,6 +48,7 @@ class TorchEngine(Engine):
     """A trained model with its tokenizers, ready to translate text: the torch engine."""
 
     name = "torch"
+    has_attention_maps = True
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class TorchEngine(Engine):
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.source = source
         self.compile_mode = "off"
+        self.length_norm = "gnmt"  # beam search's default length_norm (SearchSettings.length_norm None)
         self.decoding: Decoding = FixedDecoding(model, "off")  # which model each batch searches with
 
     def compile(self, mode: str) -> None:
@@ -214,7 +216,13 @@ class TorchEngine(Engine):
         if settings.beam == 1:
             return [[h] for h in greedy_hypotheses(model, src, **common)]
         return beam_hypotheses(
-            model, src, beam_size=settings.beam, alpha=settings.alpha, nbest=settings.nbest, **common
+            model,
+            src,
+            beam_size=settings.beam,
+            alpha=settings.alpha,
+            nbest=settings.nbest,
+            length_norm=settings.length_norm or self.length_norm,
+            **common,
         )
 
     def sample(
@@ -271,6 +279,7 @@ def load_torch_engine(
         store_column_major(model)  # decoding streams the weights: the layout GEMM reads fastest
         pack_wide_linears(model)  # and the wide linears through oneDNN from 2 rows up
     translator = TorchEngine(model, loaded.src_tokenizer, loaded.tgt_tokenizer, source=str(path))
+    translator.length_norm = (loaded.config.get("test_search") or {}).get("length_norm") or "gnmt"
     translator.compile(compile)
     return translator, loaded.config
 

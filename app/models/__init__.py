@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.attention.config import rnn_attention, site_specs
+from app.models.limits import check_sizes
 from app.models.rnn import RNNSeq2Seq
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
 from app.models.transformer import Transformer
@@ -56,7 +57,9 @@ def build_model(
     tgt_vocab_size: int,
     pad_id: int,
 ) -> Seq2Seq:
-    """Build the model named by ``model_cfg.family`` with the remaining keys as its settings."""
+    """Build the model named by ``model_cfg.family`` with the remaining keys as its settings, which must
+    stay under :data:`app.models.limits.SIZE_BOUNDS` (a ValueError names the first that does not)."""
+    check_sizes(model_cfg)
     options = dict(model_cfg)
     family = options.pop("family", None)
     if family not in MODEL_BUILDERS:

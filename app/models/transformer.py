@@ -21,17 +21,24 @@ from app.models.dropout import Dropout
 from app.models.embeddings import SinusoidalPositions, TokenEmbedding
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
 
+# The feed-forward activation: ReLU (the paper), swish = SiLU x * sigmoid(x) (Ramachandran et al. 2017;
+# Marian's OPUS-MT models), GELU (Hendrycks & Gimpel 2016, exact erf form).
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "swish": nn.SiLU, "gelu": nn.GELU}
+
 
 class FeedForward(nn.Sequential):
-    """Position-wise FFN, section 3.3: Linear -> ReLU -> (dropout) -> Linear.
+    """Position-wise FFN, section 3.3: Linear -> activation (ReLU) -> (dropout) -> Linear.
 
     The paper applies dropout only to sublayer outputs; ``dropout`` here is the optional extra one on
     the inner activations, off by default (a 4x wider tensor, and random masks are costly on CPU).
     """
 
-    def __init__(self, *, d_model: int, d_ff: int, dropout: float) -> None:
+    def __init__(self, *, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; valid choices: {', '.join(ACTIVATIONS)}")
         inner = Dropout(dropout) if dropout > 0 else nn.Identity()  # same parameter names either way
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), inner, nn.Linear(d_ff, d_model))
+        act = ACTIVATIONS[activation]()
+        super().__init__(nn.Linear(d_model, d_ff), act, inner, nn.Linear(d_ff, d_model))
 
 
 class Residual(nn.Module):
@@ -60,10 +67,11 @@ class EncoderLayer(nn.Module):
         activation_dropout: float,
         pre_norm: bool,
         self_attn: AttentionSpec,
+        activation: str = "relu",
     ) -> None:
         super().__init__()
         self.self_attn = build_attention(self_attn, site="encoder_self", d_model=d_model, num_heads=num_heads)
-        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=activation_dropout)
+        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=activation_dropout, activation=activation)
         self.attn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
         self.ffn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
 
@@ -93,12 +101,13 @@ class DecoderLayer(nn.Module):
         activation_dropout: float,
         pre_norm: bool,
         self_attn: AttentionSpec,
+        activation: str = "relu",
         cross_attn: AttentionSpec,
     ) -> None:
         super().__init__()
         self.self_attn = build_attention(self_attn, site="decoder_self", d_model=d_model, num_heads=num_heads)
         self.cross_attn = build_attention(cross_attn, site="cross", d_model=d_model, num_heads=num_heads)
-        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=activation_dropout)
+        self.ffn = FeedForward(d_model=d_model, d_ff=d_ff, dropout=activation_dropout, activation=activation)
         self.self_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
         self.cross_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
         self.ffn_block = Residual(d_model=d_model, dropout=dropout, pre_norm=pre_norm)
@@ -186,7 +195,12 @@ class TransformerState(DecoderState):
 
 
 class Transformer(Seq2Seq):
-    """Encoder-decoder Transformer with optional (two- or three-way) tied embeddings."""
+    """Encoder-decoder Transformer with optional (two- or three-way) tied embeddings.
+
+    The defaults are this toolkit's own models; ``activation``, ``positions``, ``scale_embeddings`` and
+    ``output_bias`` let other Transformers be rebuilt exactly (Marian's OPUS-MT models: swish, sines then
+    cosines, a bias on the logits; see ``conf/model/marian.yaml``).
+    """
 
     def __init__(
         self,
@@ -206,6 +220,10 @@ class Transformer(Seq2Seq):
         tie_embeddings: bool = True,
         share_src_tgt_embeddings: bool = False,
         max_positions: int = 256,
+        activation: str = "relu",
+        positions: str = "interleaved",
+        scale_embeddings: bool = True,
+        output_bias: bool = False,
     ) -> None:
         super().__init__()
         self.pad_id, self.max_positions = pad_id, max_positions
@@ -216,8 +234,10 @@ class Transformer(Seq2Seq):
             "dropout": dropout,
             "activation_dropout": activation_dropout,
             "pre_norm": pre_norm,
+            "activation": activation,
         }
-        self.src_embed = TokenEmbedding(vocab_size=src_vocab_size, d_model=d_model, pad_id=pad_id)
+        embed = {"d_model": d_model, "pad_id": pad_id, "scale": scale_embeddings}
+        self.src_embed = TokenEmbedding(vocab_size=src_vocab_size, **embed)
         if share_src_tgt_embeddings:
             if src_vocab_size != tgt_vocab_size:
                 raise ValueError(
@@ -226,8 +246,8 @@ class Transformer(Seq2Seq):
                 )
             self.tgt_embed = self.src_embed
         else:
-            self.tgt_embed = TokenEmbedding(vocab_size=tgt_vocab_size, d_model=d_model, pad_id=pad_id)
-        self.positions = SinusoidalPositions(d_model=d_model, max_len=max_positions)
+            self.tgt_embed = TokenEmbedding(vocab_size=tgt_vocab_size, **embed)
+        self.positions = SinusoidalPositions(d_model=d_model, max_len=max_positions, layout=positions)
         self.embed_dropout = Dropout(dropout)
         self.encoder = nn.ModuleList(
             EncoderLayer(**layer, self_attn=attention["encoder_self"]) for _ in range(encoder_layers)
@@ -243,7 +263,9 @@ class Transformer(Seq2Seq):
         # Pre-LN stacks need a final norm; post-LN outputs are already normalised.
         self.encoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.output = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self.output = nn.Linear(d_model, tgt_vocab_size, bias=output_bias)  # Marian's final_logits_bias
+        if output_bias:
+            nn.init.zeros_(self.output.bias)
         if tie_embeddings:
             self.output.weight = self.tgt_embed.weight  # Press & Wolf 2017
         else:

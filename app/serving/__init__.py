@@ -1,4 +1,5 @@
-"""An HTTP translation service: a request schema, a batcher that merges concurrent requests, the app."""
+"""An HTTP translation service: a request schema, a batcher that merges concurrent requests, the app,
+and a page for people (``GET /``)."""
 
 from app.serving.api import ServerLimits, create_app
 from app.serving.batcher import Batcher

@@ -1,4 +1,5 @@
-"""The HTTP app: ``POST /translate`` and ``GET /health`` around one engine and its batcher.
+"""The HTTP app: ``POST /translate`` and ``GET /health`` around one engine and its batcher, and ``GET /``
+(a page for people, :mod:`app.serving.page`).
 
 FastAPI binds the body to :class:`~app.serving.schema.TranslateRequest` (so ``/openapi.json`` and
 ``/docs`` describe it); :class:`~app.serving.guard.BodyGuard` vets the body before that (JSON only, size
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,9 +25,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from app.data.multilingual import LanguageError, Languages
-from app.inference.engine import Engine, SearchSettings, Translation
-from app.serving.batcher import Batcher, Unavailable, token_cost
+from app.inference.engine import AttentionMap, Engine, SearchSettings, Translation
+from app.serving.batcher import Batcher, Results, Unavailable, token_cost
 from app.serving.guard import BodyGuard
+from app.serving.maps import attention_problem, map_body
+from app.serving.page import install_page
 from app.serving.schema import ErrorBody, Health, Hypothesis, TranslateRequest, TranslateResponse
 
 log = logging.getLogger(__name__)
@@ -36,7 +40,7 @@ T = TypeVar("T")
 class ServerLimits:
     """What one request may ask for, how requests are merged and queued, and how long they may take.
 
-    Work is counted as (whitespace tokens + 1 per sentence) x hypotheses per sentence (``beam`` rows
+    Work is counted as (estimated subwords + 1 per sentence) x hypotheses per sentence (``beam`` rows
     for search, ``nbest`` samples when sampling): see :func:`~app.serving.batcher.token_cost`."""
 
     max_request_bytes: int = 64 * 1024
@@ -76,6 +80,16 @@ def error(status: int, message: str, detail: Any = None, retry_after: int | None
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def internal_error(err: BaseException, what: str) -> JSONResponse:
+    """A 500 that tells the client nothing internal: ``err`` goes to the log under a fresh request id,
+    which the answer gives (in its message and in ``X-Request-ID``) so that the two can be matched."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error("%s (request id %s)", what, request_id, exc_info=err)
+    response = error(500, f"internal error (request id {request_id}); the server goes on")
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": meaning}
     for status, meaning in {
@@ -84,19 +98,26 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         408: "the body was not received within the request timeout",
         413: "body, sentence count or work (tokens x hypotheses) over the server's limits",
         415: "Content-Type is not application/json",
-        422: "not the schema: each wrong field named in detail",
+        422: "not the schema: each wrong field named in detail; or attention maps this request may "
+        "not have (too many sentences, an engine without weights)",
         500: "unexpected failure (the server goes on)",
         503: "queue full, deadline passed or shutting down; Retry-After says when to retry",
     }.items()
 }
 
 
-def answer(request: TranslateRequest, results: list[list[Translation]]) -> TranslateResponse:
-    """Best translations as strings, or (``nbest`` asked) lists of ``{"text", "score"}``, best first."""
+def answer(request: TranslateRequest, results: Results) -> TranslateResponse:
+    """Best translations as strings, or (``nbest`` asked) lists of ``{"text", "score"}``, best first;
+    asked with ``attention``, the strings and a map each (``results`` are the engine's maps then)."""
+    if request.attention:
+        maps = cast(list[AttentionMap | None], results)
+        texts = ["" if m is None else m.translation for m in maps]
+        return TranslateResponse(translations=texts, attention=[map_body(m) for m in maps])
+    ranked = cast(list[list[Translation]], results)
     if not request.wants_scores:
-        return TranslateResponse(translations=[hyps[0].text for hyps in results])
+        return TranslateResponse(translations=[hyps[0].text for hyps in ranked])
     return TranslateResponse(
-        translations=[[Hypothesis(text=t.text, score=t.score) for t in hyps] for hyps in results]
+        translations=[[Hypothesis(text=t.text, score=t.score) for t in hyps] for hyps in ranked]
     )
 
 
@@ -175,8 +196,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, err: Exception) -> JSONResponse:
-        log.error("unexpected error answering a request", exc_info=err)
-        return error(500, f"internal error ({type(err).__name__}); the server goes on")
+        return internal_error(err, "unexpected error answering a request")
 
 
 def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
@@ -200,21 +220,32 @@ def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
     app = FastAPI(title="attn-mt translation", lifespan=lifespan)
     app.add_middleware(BodyGuard, limit=limits.max_request_bytes, timeout_s=limits.request_timeout_s)
     install_error_handlers(app)
+    install_page(app)
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health}})
     async def health() -> JSONResponse:
         """The worker's state: 503 when it has stopped, is stuck, or the server is shutting down."""
         report = health_report(state["batcher"], engine.name, limits)
+        report.target_languages, report.attention = target_languages(engine), engine.has_attention_maps
         return JSONResponse(report.model_dump(), status_code=200 if report.status == "ok" else 503)
 
-    @app.post("/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES)
+    @app.post(
+        "/translate",
+        response_model=TranslateResponse,
+        response_model_exclude_none=True,
+        responses=ERROR_RESPONSES,
+    )
     async def translate(body: TranslateRequest, http_request: Request) -> Any:
         """Translate ``sentences``; concurrent requests with the same options share engine calls."""
         try:
             settings = check_request(body, limits, getattr(engine, "languages", None))
         except Refused as err:
             return error(err.status, str(err))
-        work = state["batcher"].translate(body.sentences, settings, limits.request_timeout_s)
+        if problem := attention_problem(body, engine):
+            return error(422, problem)
+        work = state["batcher"].translate(
+            body.sentences, settings, limits.request_timeout_s, attention=body.attention
+        )
         try:
             results = await unless_disconnected(http_request, work)
         except Unavailable as err:
@@ -222,11 +253,18 @@ def create_app(engine: Engine, limits: ServerLimits | None = None) -> FastAPI:
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         except Exception as err:  # the engine failed on this request alone (see Batcher.run_batch)
-            log.error("translation failed", exc_info=err)
-            return error(500, f"translation failed ({type(err).__name__}: {err}); the server goes on")
+            if body.attention and isinstance(err, ValueError):  # a kernel without weights (linear)
+                return error(422, f"attention: {err}")
+            return internal_error(err, "translation failed")
         return answer(body, results)
 
     return app
+
+
+def target_languages(engine: Engine) -> list[str]:
+    """What ``target_lang`` may name: a multilingual model's targets, none for a bilingual one."""
+    languages = engine.languages
+    return languages.targets if languages is not None and languages.tagged else []
 
 
 def health_report(batcher: Batcher, engine: str, limits: ServerLimits) -> Health:

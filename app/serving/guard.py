@@ -4,7 +4,9 @@ Runs before FastAPI parses anything, so that: a body that is not declared JSON i
 web page can POST ``text/plain``, a form or an untyped blob to a loopback server without a CORS
 preflight, but not ``application/json``); a body over the size limit is refused with 413 as soon as it
 passes the limit (also for chunked uploads without Content-Length), never buffered whole; a client that
-sends its body too slowly gets 408. The vetted body is then replayed to the app, and later ``receive``
+sends its body too slowly gets 408; a request that declares both Content-Length and Transfer-Encoding (two
+framings, the shape of request smuggling: RFC 9112 section 6.3) gets 400 and its connection is closed,
+whatever its method. The vetted body is then replayed to the app, and later ``receive``
 calls reach the server again, so the app still hears when the client disconnects.
 """
 
@@ -38,10 +40,19 @@ def declared_length(scope: Scope) -> int | None:
     return None
 
 
-async def send_error(send: Any, status: int, message: str) -> None:
-    """Answer with the service's JSON error shape (see ``schema.ErrorBody``)."""
+def framed_twice(scope: Scope) -> bool:
+    """Whether the request declares both a Content-Length and a Transfer-Encoding."""
+    names = {name for name, _ in scope.get("headers", [])}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
+async def send_error(send: Any, status: int, message: str, close: bool = False) -> None:
+    """Answer with the service's JSON error shape (see ``schema.ErrorBody``); ``close`` ends the
+    connection after it (``Connection: close``, which uvicorn honours)."""
     body = json.dumps({"error": message}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -67,6 +78,10 @@ class BodyGuard:
         self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and framed_twice(scope):  # the body is left unread
+            message = "the request has both Content-Length and Transfer-Encoding; send one of them"
+            await send_error(send, 400, message, close=True)
+            return
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return

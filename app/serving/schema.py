@@ -14,15 +14,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from app.decoding import Sampling
+from app.decoding.beam import MAX_LENGTH_PENALTY
+from app.decoding.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 from app.inference.engine import SearchSettings
 
 MAX_BEAM = 32
 MAX_NBEST = 64  # hypotheses per sentence: <= beam for search, samples when sampling
 MAX_OUTPUT_TOKENS = 1024
-MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0  # outside: softmax of log-probs / T over- or underflows
 MAX_SEED = 2**32 - 1  # CTranslate2's seed is an unsigned 32-bit int
 SAMPLE_PATTERN = r"^(topk:[0-9]{1,6}|topp:[0-9.]{1,12})$"
 LANG_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,15}$"  # a language code as data.directions names it
+MAX_ATTENTION_SENTENCES = 4  # attention maps per request: each is (output x source) numbers of JSON
 
 
 def integral(value: Any) -> Any:
@@ -44,7 +46,9 @@ class TranslateRequest(BaseModel):
     sentences: list[str] = Field(min_length=1, description="source sentences, 1 to --max-sentences")
     beam: Int = Field(5, ge=1, le=MAX_BEAM, description="1 = greedy search")
     nbest: Int = Field(1, ge=1, le=MAX_NBEST, description="hypotheses per sentence (<= beam unless sampling)")
-    length_penalty: float = Field(0.6, ge=0.0, le=5.0, description="GNMT length penalty exponent")
+    length_penalty: float = Field(
+        0.6, ge=0.0, le=MAX_LENGTH_PENALTY, description="GNMT length penalty exponent"
+    )
     max_len: Int = Field(256, ge=1, le=MAX_OUTPUT_TOKENS, description="cap on output subwords")
     sample: str | None = Field(
         None, pattern=SAMPLE_PATTERN, description="topk:K or topp:P: sample instead of searching"
@@ -57,6 +61,11 @@ class TranslateRequest(BaseModel):
         None,
         pattern=LANG_PATTERN,
         description="the language to translate into: needed by a multilingual model, checked by any",
+    )
+    attention: bool = Field(
+        False,
+        description=f"answer each sentence's cross-attention map too (at most {MAX_ATTENTION_SENTENCES} "
+        "sentences, best translation only: no nbest, no sample; engines with weights only)",
     )
 
     @field_validator("sentences")
@@ -100,10 +109,21 @@ class Hypothesis(BaseModel):
     score: float = Field(description="summed log-probability (over the length penalty in beam search)")
 
 
+class AttentionMapBody(BaseModel):
+    """Where each output subword looked: ``weights[t][s]`` is output piece ``t`` on source piece ``s``."""
+
+    source_tokens: list[str] = Field(description="the source's subword pieces, then </s>")
+    target_tokens: list[str] = Field(description="the output's subword pieces, then </s>")
+    weights: list[list[float]] = Field(description="one row per target token, each summing to 1")
+
+
 class TranslateResponse(BaseModel):
     """One entry per input sentence, in input order: a string, or (``nbest``/``sample``) a list."""
 
     translations: list[str] | list[list[Hypothesis]]
+    attention: list[AttentionMapBody | None] | None = Field(
+        None, description="asked with attention: one map per sentence (null for a blank one)"
+    )
 
 
 class FieldProblem(BaseModel):
@@ -130,3 +150,7 @@ class Health(BaseModel):
     oldest_queued_s: float = Field(description="age of the oldest waiting request, seconds")
     running_s: float = Field(description="how long the engine call now running has run (0: idle)")
     batches_run: int = Field(description="engine calls made; merged requests make fewer")
+    target_languages: list[str] = Field(
+        default_factory=list, description="a multilingual model's target_lang choices (else empty)"
+    )
+    attention: bool = Field(False, description="whether the engine answers attention maps")

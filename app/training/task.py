@@ -6,6 +6,7 @@ import inspect
 import json
 import logging
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
+from app.attention.registry import AttentionConfigError
+from app.checkpoint import CheckpointError
 from app.data.corpora import Corpora, CorpusLayout
+from app.data.corpus import CorpusError
 from app.data.datamodule import TranslationDataModule
+from app.data.multi30k import Multi30kError
+from app.data.multilingual import LanguageError
+from app.data.tokenizer import TokenizerError
 from app.hardware import machine_description, resolve_precision
 from app.inference.run_scoring import score_run
 from app.inference.selection import check_selection, validation_monitor
@@ -37,8 +44,21 @@ from app.training.checkpoint_io import AtomicCheckpointIO
 from app.training.loggers import build_logger, log_results_and_close
 from app.training.module import TranslationModule
 from app.training.optim import AUTO, Schedule, configured_schedule
+from app.training.strategies import weights_only_strategy
 
 log = logging.getLogger(__name__)
+
+# What a run refuses for a reason it names (a config, corpus, tokenizer or checkpoint that cannot work,
+# limits that leave a split empty): the command line reports these as one line, anything else with its
+# traceback.
+USER_ERRORS = (
+    AttentionConfigError,
+    CheckpointError,
+    CorpusError,
+    LanguageError,
+    Multi30kError,
+    TokenizerError,
+)
 
 
 @dataclass
@@ -63,6 +83,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if finished is not None:
         return finished
     return fit_and_evaluate(build_fit(cfg), cfg)
+
+
+def train_or_exit(cfg: DictConfig) -> dict[str, Any]:
+    """:func:`train` for ``train.py``: a run refused for a reason it names (:data:`USER_ERRORS`) ends with
+    that reason on one ``error:`` line and exit status 2, not a traceback (Hydra reports exceptions with
+    theirs; ``SystemExit`` passes through it)."""
+    try:
+        return train(cfg)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def check_mandatory_keys(cfg: DictConfig) -> None:
@@ -105,7 +136,9 @@ def build_fit(cfg: DictConfig) -> Fit:
     """Corpora, tokenizers, model, LightningModule, DataModule and Trainer for ``cfg``, ready to fit.
 
     The schedule and a warm start are checked first, so a config that cannot run fails before any data
-    is prepared; each later step is a function of :mod:`app.training.build`.
+    is prepared; each later step is a function of :mod:`app.training.build`. The data is tokenized and
+    its length limits checked here, before the Trainer exists, so that limits which leave a split
+    (nearly) empty stop the run at once, naming the settings (:mod:`app.data.length_check`).
     """
     config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     schedule = configured_schedule(config["optim"], config["trainer"].get("max_time"))
@@ -121,6 +154,7 @@ def build_fit(cfg: DictConfig) -> Fit:
         max_positions=model.max_positions,
         seed=cfg.seed,
     )
+    datamodule.setup("fit")  # Lightning calls it again in fit(), which then does nothing
     module = run_module(config, model, tokenizers, corpora, schedule)
     run_dir = Path(cfg.output_dir)
     return Fit(corpora, module, datamodule, build_trainer(cfg, run_dir, schedule), RunDir(run_dir))
@@ -130,7 +164,12 @@ def fit_and_evaluate(fit: Fit, cfg: DictConfig) -> dict[str, Any]:
     """Fit (resuming when asked), then on rank 0 choose on validation and score the test set."""
     trainer, module = fit.trainer, fit.module
     started = time.perf_counter()
-    trainer.fit(module, datamodule=fit.datamodule, ckpt_path=resume_path(cfg, fit.run))
+    try:
+        trainer.fit(module, datamodule=fit.datamodule, ckpt_path=resume_path(cfg, fit.run))
+    except SystemExit:
+        if trainer.interrupted:  # Lightning stopped on Ctrl-C and exits 1: say it was an interruption
+            raise KeyboardInterrupt from None
+        raise
     fit_seconds = time.perf_counter() - started
     if not trainer.is_global_zero:
         return {}
@@ -190,6 +229,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, schedule: Schedule | None = No
     options["precision"] = resolve_precision(
         options.get("precision", "32-true"), str(options.get("accelerator"))
     )
+    options["strategy"] = weights_only_strategy(options.get("strategy", "auto"))  # FSDP resumes weights-only
     callbacks = [*checkpoint_callbacks(cfg, run_dir), *training_callbacks(cfg, run_dir, schedule)]
     if options.get("enable_progress_bar", True):
         callbacks.append(RichProgressBar())

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import uvicorn
@@ -22,12 +23,15 @@ JSON = {"Content-Type": "application/json"}
 
 
 @contextmanager
-def running_server(app: FastAPI) -> Iterator[tuple[str, uvicorn.Server]]:
-    """The base URL of ``app`` served on 127.0.0.1, and its server; stopped and joined on exit."""
+def running_server(app: FastAPI, **options: Any) -> Iterator[tuple[str, uvicorn.Server]]:
+    """The base URL of ``app`` served on 127.0.0.1, and its server; stopped and joined on exit.
+
+    ``options`` go to ``uvicorn.Config`` (``ConnectionLimits.uvicorn_options()``, as serve.py passes)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10, **options)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + TIMEOUT

@@ -1,25 +1,36 @@
 """Opening a checkpoint never runs code from it: a real pickle payload (an object whose ``__reduce__``
 creates a marker file) is refused, with no side effect, by every program that opens checkpoints --
-translate.py, the server (and its --ensemble), export, averaging, rescore and train.py's resume."""
+translate.py, the server (and its --ensemble), export, averaging, rescore and train.py's resume, with
+every training strategy (FSDP, DDP)."""
 
 from __future__ import annotations
 
 import builtins
 import importlib.util
+import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import uvicorn
 from helpers.models import TINY_TRANSFORMER
 from helpers.training import REPO_ROOT, compose_train, run_translate, tiny_overrides, write_corpus_slice
+from lightning_fabric.strategies.fsdp import _get_full_state_dict_context
+from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy
+from pytorch_lightning.trainer.states import TrainerFn
+from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
 
 from app.checkpoint import CHECKPOINT_KEY, CheckpointError, load_model, read_checkpoint, save_atomically
-from app.training.task import train
+from app.data.tokenizer import Tokenizer
+from app.training.module import TranslationModule
+from app.training.strategies import WeightsOnlyFSDPStrategy, weights_only_strategy
+from app.training.task import build_trainer, train
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -189,3 +200,118 @@ def test_a_format_0_checkpoint_still_loads(good: Path, tmp_path: Path) -> None:
     loaded = read_checkpoint(tmp_path / "old.ckpt")
     assert np.array_equal(loaded["rng_states"][0]["numpy"][1], np.random.get_state()[1])
     assert load_model(tmp_path / "old.ckpt").model is not None
+
+
+def test_fsdp_resume_reads_weights_only(poisoned: Path, marker: Path) -> None:
+    """``trainer=fsdp``: Lightning's FSDPStrategy reads a resumed file with an unrestricted unpickler.
+    The strategy our config builds reads it weights-only (FSDP needs a GPU, so its ``load_checkpoint``,
+    the step ``trainer.fit(ckpt_path=...)`` takes, is called directly)."""
+    strategy = weights_only_strategy(compose_train(["trainer=fsdp"]).trainer.strategy)
+    assert isinstance(strategy, FSDPStrategy)
+    with pytest.raises(CheckpointError, match=r"refused to open .*poisoned\.ckpt.*GLOBAL io\.open"):
+        strategy.load_checkpoint(poisoned)
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="a sharded FSDP checkpoint"):  # torch.distributed.checkpoint's
+        strategy.load_checkpoint(poisoned.parent)  # metadata is a plain pickle: directories are refused
+
+
+def test_ddp_resume_reads_weights_only(poisoned: Path, marker: Path, tmp_path: Path) -> None:
+    cfg = compose_train(["trainer=ddp_cpu"])
+    trainer = build_trainer(cfg, tmp_path / "run")
+    assert isinstance(trainer.strategy, DDPStrategy)
+    with pytest.raises(CheckpointError, match=r"refused to open .*poisoned\.ckpt"):
+        trainer.strategy.load_checkpoint(poisoned)
+    assert not marker.exists()
+
+
+def test_strategies_with_their_own_unpickler_are_refused() -> None:
+    with pytest.raises(
+        ValueError, match=r"trainer\.strategy=deepspeed .*own unpickler.*valid choices: auto, ddp"
+    ):
+        weights_only_strategy("deepspeed")
+    assert weights_only_strategy("ddp") == "ddp"
+
+
+class SystemCall:
+    """A payload that calls ``os.system``, the README's example of what a pickle could run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.command = f"touch {marker}"
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str]]:
+        return os.system, (self.command,)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda obj, path: path.write_bytes(pickle.dumps(obj, protocol=4)),
+        lambda obj, path: torch.save(obj, path, pickle_protocol=4),
+        lambda obj, path: torch.save(obj, path),
+    ],
+    ids=["raw_pickle", "torch_zip_protocol_4", "torch_zip"],
+)
+def test_a_system_call_is_named_as_code(
+    write: Callable[[Any, Path], Any], marker: Path, tmp_path: Path
+) -> None:
+    """Not "truncated or not a checkpoint": protocols 3-5 stop torch's unpickler at its first opcode,
+    so the refusal reads the file's opcodes (without running them) to name what it asked for."""
+    path = tmp_path / "payload.ckpt"
+    write({"state_dict": {}, "note": SystemCall(marker)}, path)
+    with pytest.raises(CheckpointError, match=rf"GLOBAL {os.system.__module__}\.system\).*could run code"):
+        read_checkpoint(path)
+    assert not marker.exists()
+
+
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")
+@pytest.mark.filterwarnings("ignore:When using ``NO_SHARD``")
+@pytest.mark.filterwarnings("ignore:FSDP.state_dict_type:FutureWarning")
+def test_fsdp_resume_restores_weights_and_optimizer(
+    good: Path,
+    spm_tokenizer: Tokenizer,
+    make_transformer: Callable[..., torch.nn.Module],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The weights-only FSDP resume still loads what Lightning's FSDP saves (full model and optimizer
+    states), into a real FSDP module on CPU (gloo, one process; Lightning itself runs FSDP on GPUs only,
+    so the trainer is a stand-in holding the state the strategy reads)."""
+    model = make_transformer(src_vocab_size=spm_tokenizer.vocab_size, tgt_vocab_size=spm_tokenizer.vocab_size)
+    module = TranslationModule(
+        model=model, src_tokenizer=spm_tokenizer, tgt_tokenizer=spm_tokenizer, config={}
+    )
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        root = FullyShardedDataParallel(module, device_id=torch.device("cpu"), use_orig_params=True)
+        trained = torch.optim.AdamW(root.parameters())
+        root(torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 9, 10]])).square().mean().backward()
+        trained.step()
+        with _get_full_state_dict_context(root, world_size=1, rank0_only=False):
+            weights = {name: value.clone() for name, value in root.state_dict().items()}
+            optimizer_state = FullyShardedDataParallel.rekey_optim_state_dict(
+                FullyShardedDataParallel.optim_state_dict(root, trained), OptimStateKeyType.PARAM_ID, root
+            )
+        payload = read_checkpoint(good)[CHECKPOINT_KEY]
+        save_atomically(
+            {"state_dict": weights, "optimizer_states": [optimizer_state], CHECKPOINT_KEY: payload},
+            tmp_path / "last.ckpt",
+        )
+        with torch.no_grad():  # what a restart has: other weights, an optimizer without state
+            for parameter in root.parameters():
+                parameter.add_(1.0)
+        fresh = torch.optim.AdamW(root.parameters())
+        strategy = WeightsOnlyFSDPStrategy()
+        strategy.connect(module)
+        strategy.model, strategy.optimizers = root, [fresh]
+        monkeypatch.setattr(module, "_trainer", SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING)))
+        strategy.load_checkpoint(tmp_path / "last.ckpt")
+        with _get_full_state_dict_context(root, world_size=1, rank0_only=False):
+            for name, value in root.state_dict().items():
+                assert torch.equal(value, weights[name]), name
+        restored, saved = fresh.state_dict()["state"], trained.state_dict()["state"]
+        assert len(restored) == len(saved) > 0
+        for mine, theirs in zip(restored.values(), saved.values(), strict=True):
+            assert torch.equal(mine["exp_avg"], theirs["exp_avg"]) and mine["step"] == theirs["step"]
+    finally:
+        dist.destroy_process_group()

@@ -134,7 +134,6 @@ def test_export_refuses_an_existing_directory(checkpoint_factory, tmp_path: Path
             "RNN",
             id="rnn",
         ),
-        pytest.param({**BASE_MODEL, "pre_norm": False}, {"kernel": "eager"}, "post-norm", id="post-norm"),
     ],
 )
 def test_unsupported_variants_name_what_ct2_lacks(model_cfg: dict, attention_cfg: dict, message: str) -> None:

@@ -17,7 +17,7 @@ from helpers.training import compose_train, tiny_overrides, write_corpus_slice
 from app import checkpoint as checkpoint_module
 from app.checkpoint import average_checkpoints, read_checkpoint
 from app.training.callbacks import DataFingerprint, fingerprint_changes
-from app.training.task import train
+from app.training.task import train, train_or_exit
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -108,3 +108,26 @@ def test_resume_refuses_a_changed_corpus(multi30k_dir: Path, tmp_path: Path) -> 
     (corpus / "train.de").write_text("".join([lines[1], lines[0], *lines[2:]]))  # same size and vocabulary
     with pytest.raises(ValueError, match=r"cannot resume: .*the training source texts changed"):
         train(compose_train(overrides("trainer.max_steps=4", "resume=true")))
+
+
+def test_limits_that_leave_no_training_data_stop_before_a_trainer_with_one_error_line(
+    multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's ``experiment=quickstart data.concat=16`` on the fixture corpus: every joined example is
+    longer than data.max_len=128. It used to train nothing, then end in a traceback about a missing
+    checkpoint; now train.py's entry ends before any Trainer exists, with one error: line, status 2."""
+    corpus = write_corpus_slice(
+        multi30k_dir, tmp_path / "m30k", {"train": 60, "val": 10, "test_2016_flickr": 5}
+    )
+    run = tmp_path / "run"
+    overrides = tiny_overrides(corpus, run, tmp_path / "cache", "data.concat=16", "model.max_positions=256")
+    with pytest.raises(SystemExit) as stopped:
+        train_or_exit(compose_train(overrides))
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err  # progress bars, then the one line
+    assert "Traceback" not in err and err.endswith("\n") and err.count("error:") == 1
+    line = err.splitlines()[-1]
+    assert line.startswith("error: the length filter keeps 0 of 4 training examples")
+    assert "are longer than 128 subwords (data.max_len=128)" in line
+    assert "data.concat=16 joins 16 sentence pairs an example; experiment=ablation_length" in line
+    assert not (run / "checkpoints").exists()  # stopped before the Trainer was built

@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
-from helpers.server import JSON, TIMEOUT, running_server
+import torch
+from helpers.models import TINY_TRANSFORMER
+from helpers.server import JSON, TIMEOUT, ScriptedEngine, running_server
 
 from app.inference.engine import Engine, SearchSettings
+from app.inference.engines import open_engine
 from app.serving import ServerLimits, create_app
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -196,3 +200,92 @@ def test_openapi_documents_the_bodies_and_every_error(url: str) -> None:
     health = spec["paths"]["/health"]["get"]["responses"]
     assert health["503"]["content"]["application/json"]["schema"]["$ref"].endswith("/Health")
     assert httpx.get(f"{url}/docs", timeout=TIMEOUT).status_code == 200
+
+
+def test_attention_maps_come_with_the_translations_they_belong_to(url: str, engine: Engine) -> None:
+    sentences = [SENTENCES[0], "", SENTENCES[2]]
+    response = post(url, {"sentences": sentences, "beam": 2, "attention": True})
+    assert response.status_code == 200, response.text
+    got = response.json()
+    assert got["translations"] == engine.translate(sentences, SearchSettings(beam=2))
+    assert got["attention"][1] is None  # a blank sentence has no map
+    expected = engine.attention_maps(sentences, SearchSettings(beam=2))
+    for body, want in zip(got["attention"][::2], expected[::2], strict=True):
+        assert (body["source_tokens"], body["target_tokens"]) == (want.source_tokens, want.target_tokens)
+        weights = torch.tensor(body["weights"])  # (T, S), rounded to 4 decimals
+        assert weights.shape == want.weights.shape and (weights - want.weights).abs().max() <= 1e-4
+    assert "attention" not in post(url, {"sentences": sentences[:1]}).json()  # only when asked
+
+
+def test_attention_and_plain_requests_at_once_each_get_their_own_kind(url: str, engine: Engine) -> None:
+    """Requests with the same settings merge, but never a map request with a plain one."""
+    bodies = [
+        {"sentences": [s], "beam": 1, "attention": maps} for s in SENTENCES if s for maps in (True, False)
+    ]
+
+    async def send_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+            return await asyncio.gather(*(client.post("/translate", json=b) for b in bodies))
+
+    for body, response in zip(bodies, asyncio.run(send_all()), strict=True):
+        assert response.status_code == 200, response.text
+        assert response.json()["translations"] == engine.translate(body["sentences"], SearchSettings(beam=1))
+        assert ("attention" in response.json()) == body["attention"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "mentions"),
+    [
+        pytest.param({"sentences": ["a"] * 5}, "5 sentences is over the limit of 4", id="too-many-maps"),
+        pytest.param({"beam": 2, "nbest": 2}, "drop sample and nbest", id="with-nbest"),
+        pytest.param({"sample": "topk:5"}, "drop sample and nbest", id="with-sample"),
+    ],
+)
+def test_attention_beyond_its_bounds_is_422(url: str, extra: dict, mentions: str) -> None:
+    response = post(url, {"sentences": ["Ein Hund."], "attention": True, **extra})
+    assert response.status_code == 422, response.text
+    assert mentions in response.json()["error"]
+
+
+def test_an_engine_without_attention_weights_refuses_maps_and_says_so_in_health() -> None:
+    with running_server(create_app(ScriptedEngine(), LIMITS)) as (base_url, _):
+        response = post(base_url, {"sentences": ["a"], "attention": True})
+        assert response.status_code == 422, response.text
+        assert "the scripted engine has no attention weights" in response.json()["error"]
+        assert httpx.get(f"{base_url}/health", timeout=TIMEOUT).json()["attention"] is False
+
+
+def test_a_kernel_without_weights_refuses_maps_with_422_and_still_translates(
+    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path
+) -> None:
+    path = tmp_path / "linear.ckpt"
+    checkpoint_factory(path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "linear"})
+    with running_server(create_app(open_engine(path), LIMITS)) as (base_url, _):
+        response = post(base_url, {"sentences": ["Ein Hund."], "beam": 1, "attention": True})
+        assert response.status_code == 422, response.text
+        assert "no weights" in response.json()["error"]
+        assert post(base_url, {"sentences": ["Ein Hund."], "beam": 1}).status_code == 200
+
+
+def test_health_names_a_multilingual_models_target_languages(
+    url: str, checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path
+) -> None:
+    assert healthy(url)["target_languages"] == [] and healthy(url)["attention"] is True  # bilingual
+    path = tmp_path / "multilingual.ckpt"
+    directions = {"directions": ["en-de", "en-fr", "de-en"]}
+    checkpoint_factory(
+        path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"}, data_cfg=directions
+    )
+    with running_server(create_app(open_engine(path), LIMITS)) as (base_url, _):
+        assert healthy(base_url)["target_languages"] == ["de", "en", "fr"]
+
+
+def test_the_page_is_served_with_a_strict_content_security_policy(url: str) -> None:
+    response = httpx.get(f"{url}/", timeout=TIMEOUT)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert '<textarea id="source"' in response.text and "http" not in response.text.split("<script>")[1]
+    policy = response.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert "script-src 'sha256-" in policy and "unsafe-inline" not in policy
+    assert "/" not in httpx.get(f"{url}/openapi.json", timeout=TIMEOUT).json()["paths"]  # not JSON API

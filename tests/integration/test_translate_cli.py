@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from helpers.training import REPO_ROOT
 
 from app.inference.cli import main, parse_args, translate_stream
 from app.inference.engine import SearchSettings
+from app.inference.engines import check_ct2_device
 from app.inference.evaluate import evaluate
 from app.inference.torch_engine import TorchEngine, load_torch_engine
 from app.training.losses import label_smoothed_nll
@@ -378,7 +380,9 @@ def test_ref_with_another_line_count_names_both_files(
     assert f"{source} has 3 lines but reference file {reference} has 2" in err
 
 
-def test_output_file_survives_a_run_that_fails_mid_stream(checkpoint: Path, tmp_path: Path) -> None:
+def test_output_file_survives_a_run_that_fails_mid_stream(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Line 9's heatmap cannot be written (a directory holds its name): the first 8 lines were already
     translated and flushed, yet ``-o`` still holds the previous run's file and no temporary file remains."""
     source, target, plots = tmp_path / "in.de", tmp_path / "out.en", tmp_path / "plots"
@@ -386,8 +390,10 @@ def test_output_file_survives_a_run_that_fails_mid_stream(checkpoint: Path, tmp_
     target.write_text("previous translations\n", encoding="utf-8")
     (plots / "line_000009.png").mkdir(parents=True)
     args = [str(checkpoint), "-i", str(source), "-o", str(target), "--beam", "1", "--batch-size", "1"]
-    with pytest.raises(IsADirectoryError):
-        main([*args, "--plot-attention", str(plots)])
+    assert main([*args, "--plot-attention", str(plots)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: cannot write the attention plot {plots / 'line_000009.png'}: Is a directory\n"
+    )
     assert (plots / "line_000008.png").is_file()  # the failure came after a group was written out
     assert target.read_text(encoding="utf-8") == "previous translations\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.de", "out.en", "plots"]
@@ -425,3 +431,96 @@ def test_sampling_from_the_command_line_is_reproducible(
     torch.rand(100)  # whatever came before, the second run starts elsewhere in the stream
     assert main([*args, "--seed", "1"]) == 0
     assert first.strip() and capsys.readouterr().out == first
+
+
+# --- what cannot be written, used or asked for: one error line, status 2 ---------------------------------
+
+
+def unusable_device() -> str:
+    """A device this machine lacks: cuda on a torch without CUDA or a GPU, else one GPU past the last."""
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("-o", "/sys/out.en", "error: cannot write /sys/out.en: Permission denied"),  # even for root
+        ("-o", "{tmp}/file/out.en", "error: cannot write {tmp}/file/out.en: {tmp}/file is not a directory"),
+        ("-o", "/dev/full", "error: cannot write /dev/full: No space left on device"),
+        (
+            "--plot-attention",
+            "/proc/x",
+            "error: cannot write --plot-attention directory /proc/x: No such file",
+        ),
+        ("--plot-attention", "{tmp}/file", "error: --plot-attention {tmp}/file is not a directory"),
+        ("-i", "{tmp}/missing.de", "error: cannot read {tmp}/missing.de: No such file or directory"),
+        ("--device", "gpu", "error: unknown device 'gpu': use cpu, cuda or cuda:N"),
+        ("--device", unusable_device(), f"error: device '{unusable_device()}' is not available: "),
+    ],
+    ids=[
+        "unwritable_dir",
+        "under_a_file",
+        "dev_full",
+        "plot_in_proc",
+        "plot_is_a_file",
+        "no_input",
+        "gpu",
+        "cuda",
+    ],
+)
+def test_what_cannot_be_written_read_or_used_is_one_error_line(
+    checkpoint: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    value: str,
+    message: str,
+) -> None:
+    (tmp_path / "file").write_text("a file, not a directory\n")
+    value, message = value.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    sentences = [] if option == "-i" else ["Ein Hund."]
+    assert main([str(checkpoint), "--beam", "1", "--compile", "off", option, value, *sentences]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message) and captured.err.count("\n") == 1, captured.err
+    assert captured.out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing left behind
+
+
+def test_ctrl_c_ends_quietly_with_status_130_and_leaves_the_output_file_as_it_was(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two lines typed and answered (into -o's temporary file), then Ctrl-C while waiting for the third:
+    Python raises KeyboardInterrupt where the program is, here in the read of standard input."""
+
+    def typed_then_interrupted() -> Iterator[bytes]:
+        yield "Ein Mann fährt Fahrrad.\n".encode()
+        yield b"Zwei Hunde spielen im Schnee.\n"
+        raise KeyboardInterrupt
+
+    stdin = SimpleNamespace(buffer=typed_then_interrupted(), isatty=lambda: False)  # a pipe, not a terminal
+    monkeypatch.setattr(sys, "stdin", stdin)
+    target = tmp_path / "out.en"
+    target.write_text("previous translations\n", encoding="utf-8")
+    args = [str(checkpoint), "--beam", "1", "--compile", "off", "--buffer-size", "1", "-o", str(target)]
+    try:
+        status = main(args)
+    except KeyboardInterrupt:  # what main did before: pytest would stop the whole session on it
+        pytest.fail("translate.py let KeyboardInterrupt through (a traceback)")
+    assert status == 130
+    assert capsys.readouterr() == ("", "")
+    assert target.read_text(encoding="utf-8") == "previous translations\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.en"]  # no temporary file left
+
+
+def test_ctranslate2_devices_are_checked_against_its_own_gpus() -> None:
+    """An export's device is CTranslate2's to judge (its CUDA is not torch's), before the model loads."""
+    import ctranslate2  # the dev extra installs it
+
+    check_ct2_device("cpu")
+    with pytest.raises(ValueError, match="device 'cuda:0' is not one of CTranslate2's: cpu, cuda, auto"):
+        check_ct2_device("cuda:0")
+    if ctranslate2.get_cuda_device_count() == 0:
+        with pytest.raises(ValueError, match="device 'cuda' is not available: CTranslate2 sees no CUDA GPU"):
+            check_ct2_device("cuda")
+    else:
+        check_ct2_device("cuda")

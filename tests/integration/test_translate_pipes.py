@@ -1,13 +1,15 @@
 """translate.py in a pipe, driven through real pipes: ``--buffer-size 1`` answers each line as it
-arrives, and a reader that stops early (``| head -1``) ends the run quietly."""
+arrives, a reader that stops early (``| head -1``) ends the run quietly, and so does Ctrl-C."""
 
 from __future__ import annotations
 
 import queue
 import shlex
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -92,3 +94,36 @@ def test_buffer_size_must_be_positive(checkpoint: Path) -> None:
     )
     assert result.returncode == 2
     assert b"--buffer-size must be >= 1, got 0" in result.stderr
+
+
+def test_ctrl_c_mid_run_exits_130_quietly_leaving_no_output_file(checkpoint: Path, tmp_path: Path) -> None:
+    """A real SIGINT to translate.py once its first answer is in -o's temporary file: status 130, nothing
+    on stderr (no KeyboardInterrupt traceback), and neither the output nor its temporary file remains."""
+    target = tmp_path / "out.en"
+    command = [
+        sys.executable,
+        "translate.py",
+        str(checkpoint),
+        *DECODING,
+        "--buffer-size",
+        "1",
+        "-o",
+        str(target),
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=subprocess_env(), stdin=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        process.stdin.write(b"Ein Hund.\n")
+        process.stdin.flush()  # stdin stays open: the program waits for the next line
+        deadline = time.monotonic() + 120
+        while not any(p.stat().st_size for p in tmp_path.glob(".out.en.*.tmp")):  # the first answer
+            assert time.monotonic() < deadline and process.poll() is None, process.stderr.read().decode()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130
+        assert process.stderr.read() == b""
+    finally:
+        process.kill()
+        process.wait()
+    assert list(tmp_path.iterdir()) == []

@@ -32,6 +32,8 @@ def load_script(name: str):
         ("--request-timeout=0", "request_timeout_s"),
         ("--max-request-tokens=-1", "max_request_tokens"),
         ("--stuck-after=0", "stuck_after_s"),
+        ("--header-timeout=0", "header_timeout_s"),
+        ("--max-connections=0", "max_connections"),
     ],
 )
 def test_serve_refuses_a_bad_limit_before_opening_the_model(

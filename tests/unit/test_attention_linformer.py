@@ -187,7 +187,7 @@ def test_cross_attention_caches_the_projected_rows_once_per_sentence(monkeypatch
     steps = [layer(x[:, t : t + 1], memory=memory, key_mask=mask, cache=cache)[0] for t in range(4)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
     assert len(calls) == 1  # the encoder output is projected on the first step only
-    assert cache.k.shape == cache.v.shape == (3, 2, 3, 8) and cache.key_mask.shape == (3, 3)
+    assert cache.k.shape == cache.v.shape == (3, 2, 3, 8) and cache.key_mask.shape == (3, 1, 3)
     before = cache.nbytes()
     cache.select(torch.tensor([2, 0]), torch.tensor([2, 0]))  # finished rows keep the projected rows' mask
     assert cache.k.shape[0] == cache.key_mask.shape[0] == 2 and cache.nbytes() < before
@@ -234,3 +234,40 @@ def test_a_sites_own_max_len_wins_over_model_max_positions() -> None:
     specs = site_specs(attention, max_positions=300)
     assert specs["cross"].options == {"k": 4, "max_len": 32}
     assert specs["encoder_self"].options == {}  # the eager sites have no length option to set
+
+
+def per_head_reference(
+    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, kernel: LinformerAttention
+) -> Tensor:
+    """softmax over each head's own projected rows, a row hidden where that head's E and F give no weight
+    to a real key (the module docstring's rule, head by head; MHA: one key/value head per query head)."""
+    out = torch.zeros_like(q)
+    real = key_mask.to(q.dtype)  # (B, Tk)
+    for h in range(q.size(1)):
+        proj_k, proj_v = kernel.proj_k[h].double(), kernel.proj_v[h].double()  # (k, Tk)
+        rows_k = proj_k @ (k[:, h] * real[..., None])  # (B, k, Dh)
+        rows_v = proj_v @ (v[:, h] * real[..., None])
+        seen = real @ (proj_k.abs() + proj_v.abs()).T > 0  # (B, k)
+        scores = q[:, h] @ rows_k.transpose(-1, -2) / 8**0.5  # (B, Tq, k)
+        weights = torch.softmax(scores.masked_fill(~seen[:, None], float("-inf")), dim=-1)
+        out[:, h] = weights.nan_to_num(0.0) @ rows_v
+    return out
+
+
+def test_unshared_heads_hide_the_rows_only_padding_reaches_head_by_head() -> None:
+    """``sharing=none``: head 0's first projected row reads the last key, the other heads' the first one.
+    Where the last key is padding, head 0 must hide that row although the other heads' same row is real."""
+    q, k, v, _ = inputs()
+    key_mask = torch.tensor([[True] * 7, [True] * 5 + [False] * 2, [True] * 2 + [False] * 5])
+    kernel = build_kernel("linformer", k=3, sharing="none", max_len=7)
+    kernel.bind(num_heads=4, num_kv_heads=4, head_dim=8)
+    kernel = kernel.double()
+    with torch.no_grad():
+        for proj in (kernel.proj_k, kernel.proj_v):
+            proj.zero_()
+            proj[:, 0, 0] = 1.0  # row 0 reads key 0 ...
+            proj[0, 0] = 0.0
+            proj[0, 0, 6] = 1.0  # ... except in head 0, where it reads the last key
+            proj[:, 1:, 1] = 0.5  # rows 1 and 2 read key 1, which is real in every sentence
+    out = kernel(q, k, v, key_mask=key_mask).context
+    torch.testing.assert_close(out, per_head_reference(q, k, v, key_mask, kernel), rtol=1e-12, atol=1e-12)

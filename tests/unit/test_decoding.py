@@ -97,6 +97,11 @@ def test_length_penalty_formula() -> None:
     assert length_penalty(12, 0.0) == 1.0
     lengths = torch.tensor([1.0, 4.0, 19.0])
     torch.testing.assert_close(length_penalty(lengths, 1.0), (5 + lengths) / 6)
+    # Marian's, Hugging Face's and CTranslate2's form: |Y| ** alpha
+    assert length_penalty(7, 0.6, "power") == pytest.approx(7**0.6)
+    torch.testing.assert_close(length_penalty(lengths, 1.0, "power"), lengths)
+    with pytest.raises(ValueError, match="gnmt, power"):
+        length_penalty(7, 0.6, "average")
 
 
 def test_output_limits_formula() -> None:

@@ -6,10 +6,12 @@ import json
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from app.decoding import Sampling, beam_hypotheses, beam_search, output_limits, sample_search
 from app.inference.cli import jsonl_record, parse_args, search_settings
 from app.inference.engine import Translation
+from app.serving.schema import TranslateRequest
 
 BOS, EOS, PAD = 2, 3, 0
 
@@ -88,3 +90,43 @@ def test_cli_settings_and_jsonl_record() -> None:
         "token_scores": [-1.0, -0.5],
         "alignment": [[0, 1]],
     }
+
+
+def strict_json(line: str) -> dict:
+    """``json.loads`` refusing the ``NaN`` and ``Infinity`` that Python accepts and JSON does not."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_jsonl_record_is_json_even_for_scores_that_are_not_finite() -> None:
+    hypothesis = Translation("A dog.", float("nan"), [float("-inf"), -0.5, float("inf")])
+    record = strict_json(jsonl_record("Ein Hund.", [hypothesis]))
+    assert record["hypotheses"][0] == {"text": "A dog.", "score": None, "token_scores": [None, -0.5, None]}
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), float("-inf"), -1.0, 5.5])
+def test_translate_py_refuses_the_length_penalties_the_server_refuses(alpha: float) -> None:
+    """One rule (app.decoding.beam.check_length_penalty, MAX_LENGTH_PENALTY) for the command line, every
+    SearchSettings and the server's request schema."""
+    with pytest.raises(ValueError, match=r"length penalty \(alpha\) must be a number in \[0, 5\], got"):
+        search_settings(parse_args(["m.ckpt", f"--length-penalty={alpha}"]))
+    with pytest.raises(ValidationError, match="length_penalty"):
+        TranslateRequest(sentences=["Ein Hund."], length_penalty=alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 5.0])
+def test_length_penalties_both_accept(alpha: float) -> None:
+    assert search_settings(parse_args(["m.ckpt", f"--length-penalty={alpha}"])).alpha == alpha
+    assert TranslateRequest(sentences=["Ein Hund."], length_penalty=alpha).settings(8).alpha == alpha
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), 0.001, 1000.0])
+def test_translate_py_refuses_the_temperatures_the_server_refuses(temperature: float) -> None:
+    args = parse_args(["m.ckpt", "--sample", "topk:5", "--temperature", str(temperature)])
+    with pytest.raises(ValueError, match=r"a temperature in \[0.01, 100\]"):
+        search_settings(args)
+    with pytest.raises(ValidationError, match="temperature"):
+        TranslateRequest(sentences=["Ein Hund."], sample="topk:5", temperature=temperature)

@@ -16,11 +16,17 @@ GREEDY = SearchSettings(beam=1)
 
 
 def test_the_cost_counts_every_hypothesis_decoded() -> None:
-    sentences = ["zwei Wörter", "drei Wörter hier"]  # 5 tokens + 2 EOS
-    assert token_cost(sentences) == 7
-    assert token_cost(sentences, SearchSettings(beam=4)) == 28
+    sentences = ["zwei Wörter", "drei Wörter hier"]  # 7 subwords (a 6-letter word is 2) + 2 EOS
+    assert token_cost(sentences) == 9
+    assert token_cost(sentences, SearchSettings(beam=4)) == 36
     sampled = SearchSettings(beam=1, nbest=50, sampling=Sampling(top_k=5))
-    assert token_cost(sentences, sampled) == 350
+    assert token_cost(sentences, sampled) == 450
+
+
+def test_the_cost_counts_characters_so_a_long_word_is_not_one_token() -> None:
+    assert token_cost(["a" * 1000]) == 251  # one whitespace token, 250 subwords + EOS
+    assert token_cost(["ein " * 250]) == 251  # the same characters as short words cost the same
+    assert token_cost(["x" * 1001, "   "], SearchSettings(beam=5)) == (252 + 1) * 5
 
 
 def test_stop_answers_the_running_batch_without_blocking_the_loop() -> None:

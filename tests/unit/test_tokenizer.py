@@ -191,3 +191,18 @@ def test_invalid_config_messages() -> None:
         SubwordConfig(model_type="wordpiece")
     with pytest.raises(TokenizerError, match=r"vocab_size must be > 4 .*got 4"):
         SubwordConfig(vocab_size=4)
+    with pytest.raises(TokenizerError, match=r"at most 262,144, got 300000"):
+        SubwordConfig(vocab_size=300_000)
+
+
+def test_from_bytes_refuses_garbage_and_oversized_models(
+    spm_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read from a checkpoint, a sentencepiece model is bounded: bytes before parsing, pieces after."""
+    with pytest.raises(TokenizerError, match="not a valid sentencepiece model"):
+        Tokenizer.from_bytes(b"\x0a\xff not a model")
+    with pytest.raises(TokenizerError, match=r"of 8,388,609 bytes; at most 8,388,608"):
+        Tokenizer.from_bytes(bytes(8 * 2**20 + 1))
+    monkeypatch.setattr(tokenizer_module, "MAX_PIECES", spm_tokenizer.vocab_size - 1)
+    with pytest.raises(TokenizerError, match=rf"of {spm_tokenizer.vocab_size} pieces; at most"):
+        Tokenizer.from_bytes(spm_tokenizer.to_bytes())

@@ -149,6 +149,15 @@ def test_sinusoid_table_matches_the_formula(d_model: int) -> None:
             assert table[pos, i].item() == pytest.approx(expected, abs=1e-6), (pos, i)
 
 
+@pytest.mark.parametrize("d_model", [32, 7])
+def test_sinusoid_halves_hold_the_same_features_sines_first(d_model: int) -> None:
+    """Marian's layout: the interleaved table's sines, then its cosines (an odd width: one more sine)."""
+    interleaved, halves = sinusoid_table(50, d_model), sinusoid_table(50, d_model, "halves")
+    torch.testing.assert_close(halves, torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1))
+    with pytest.raises(ValueError, match="interleaved, halves"):
+        sinusoid_table(4, 8, "rotary")
+
+
 def test_model_adds_the_sinusoid_table(make_transformer: MakeTransformer) -> None:
     model = make_transformer(max_positions=16)
     torch.testing.assert_close(model.positions.table, sinusoid_table(16, 32))

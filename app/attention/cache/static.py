@@ -17,7 +17,7 @@ class StaticCache(AttentionCache):
     self-attention. Reorders are applied at once (nothing is appended to gather them into).
     """
 
-    key_mask: Tensor | None = None  # (R, k) a mask the cache holds itself (:class:`ReducedCache`); None here
+    key_mask: Tensor | None = None  # (R, 1 | Hkv, k): held by :class:`ReducedCache` itself; None here
 
     def __init__(self, *, shared: bool = False, k: Tensor | None = None, v: Tensor | None = None) -> None:
         self.shared = shared
@@ -73,7 +73,7 @@ class ReducedCache(StaticCache):
     For kernels that project keys and values along the sequence (``AttentionKernel.reduce``): Linformer's
     E K and F V (Wang et al. 2020, section 4), linear attention's two sums over the keys. The reduction of
     the whole encoder output is done once per sentence; later steps attend the reduced (R, Hkv, k, Dh) rows
-    and their ``key_mask`` (R, k).
+    and their ``key_mask`` (R, 1 | Hkv, k).
     """
 
     def __init__(
@@ -101,7 +101,7 @@ class ReducedCache(StaticCache):
         (``key_mask`` (R, S) is the source's; later calls use the reduced rows' own)."""
         if self.k is None:
             k, v = layer.project_kv(source)  # (R, Hkv, S, Dh)
-            self.k, self.v, self.key_mask = layer.kernel.reduce(k, v, key_mask)  # (R, Hkv, k, Dh), (R, k)
+            self.k, self.v, self.key_mask = layer.kernel.reduce(k, v, key_mask)  # (R, Hkv, k, Dh), mask
         return layer.kernel.attend_reduced(
             q, self.k, self.v, self.key_mask, dropout_p=layer.dropout_p, need_weights=need_weights
         )

@@ -17,8 +17,9 @@ implementations for variable lengths do. Sharing (``sharing`` option, section 4,
 
 Padding: padded key and value rows are zeroed before the projection, so their values never reach the
 output; a projected row built from no real key at all (E's column weights on real positions are all zero,
-e.g. an all-padding sentence, or identity projections) is hidden like a padded key. With k = n and E = F =
-identity the kernel is exactly softmax attention, which the tests check.
+e.g. an all-padding sentence, or identity projections) is hidden like a padded key, head by head where
+each head has its own E and F. With k = n and E = F = identity the kernel is exactly softmax attention,
+which the tests check.
 
 Every projected row mixes all positions, future ones included, so causal (decoder self-) attention is
 impossible: ``capabilities.causal`` is False and the model refuses that site when it is built. For
@@ -157,8 +158,9 @@ class LinformerAttention(AttentionKernel):
         return ReducedCache(shared=self.capabilities.shares_keys) if cross else super().new_cache(cross=cross)
 
     def reduce(self, k: Tensor, v: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """E K and F V (B, Hkv, k, Dh) with padded rows zeroed first, and (B, k) True for projected rows
-        that some real key contributes to (section 4: the linear projection of keys and values)."""
+        """E K and F V (B, Hkv, k, Dh) with padded rows zeroed first, and (B, P, k) True for projected rows
+        that some real key contributes to (section 4: the linear projection of keys and values); P is
+        Hkv where each head has its own E and F (``none`` sharing), else 1."""
         batch, _, length, _ = k.shape
         if length > self.max_len:
             raise ValueError(
@@ -173,8 +175,8 @@ class LinformerAttention(AttentionKernel):
         v = v * real[:, None, :, None]
         k_rows = proj_k @ k  # (B, Hkv, k, Dh)
         v_rows = proj_v @ v
-        with torch.no_grad():  # which rows any real key reaches, through E (keys) or F (values), any head
-            reach = real @ (proj_k.abs() + proj_v.abs()).sum(0).T  # (B, k)
+        with torch.no_grad():  # which rows a real key reaches, through E (keys) or F (values), per head
+            reach = torch.einsum("bt,pkt->bpk", real, proj_k.abs() + proj_v.abs())  # (B, 1 | Hkv, k)
         return k_rows, v_rows, reach > 0
 
     def attend_reduced(
@@ -194,8 +196,8 @@ class LinformerAttention(AttentionKernel):
         kv_heads = k.size(1)
         qg = q.view(batch, kv_heads, heads // kv_heads, tq, dim)  # (B, Hkv, G, Tq, Dh)
         scores = qg @ k[:, :, None].transpose(-1, -2) / math.sqrt(dim)  # (B, Hkv, G, Tq, k)
-        if key_mask is not None:
-            visible = key_mask[:, None, None, None, :]  # (B, 1, 1, 1, k)
+        if key_mask is not None:  # (B, 1 | Hkv, k): a head's rows that no real key reaches are hidden
+            visible = key_mask[:, :, None, None, :]  # (B, 1 | Hkv, 1, 1, k)
             scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
         weights = torch.softmax(scores, dim=-1)
         if key_mask is not None:

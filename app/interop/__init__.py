@@ -1,0 +1,1 @@
+"""Models from other toolkits turned into this toolkit's checkpoints (Marian / OPUS-MT: :mod:`.marian`)."""

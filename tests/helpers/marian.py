@@ -1,0 +1,93 @@
+"""A tiny random Marian (OPUS-MT layout) model directory, built with ``transformers`` offline.
+
+Two small sentencepiece models trained on the fixture corpus (German source, English target), a joint
+``vocab.json`` in Marian's layout (eos 0, unk 1, the pieces of both models, pad last) and a random
+``MarianMTModel`` saved with ``save_pretrained``: what an OPUS-MT download holds, at a size a test builds in
+about a second.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+from helpers.training import REPO_ROOT, read_gz_lines
+
+FIXTURE_DIR = REPO_ROOT / "tests" / "fixtures" / "multi30k"
+SENTENCES = [
+    "Ein Mann fährt Fahrrad.",
+    "Zwei Hunde spielen im Schnee.",
+    "Eine Frau in einem roten Kleid singt auf einer Bühne.",
+    "Kinder.",
+]
+
+
+def train_spm(lines: list[str], vocab_size: int) -> bytes:
+    """A unigram model with sentencepiece's own special ids (unk 0, bos 1, eos 2), as Marian's are."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def spm_pieces(model: bytes) -> list[str]:
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    return [
+        processor.id_to_piece(i)
+        for i in range(processor.vocab_size())
+        if not (processor.is_control(i) or processor.is_unknown(i))
+    ]
+
+
+def make_marian_dir(directory: Path, *, seed: int = 0) -> Path:
+    """Write a random Marian model directory (config.json, model.safetensors, spms, vocab.json)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    directory.mkdir(parents=True, exist_ok=True)
+    source = train_spm(read_gz_lines(FIXTURE_DIR / "train.de.gz", 600), 120)
+    target = train_spm(read_gz_lines(FIXTURE_DIR / "train.en.gz", 600), 100)
+    pieces = list(dict.fromkeys(spm_pieces(source) + spm_pieces(target)))  # the union, in order
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
+    vocab["<pad>"] = len(vocab)
+    size = len(vocab)
+    config = MarianConfig(
+        vocab_size=size,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        activation_function="swish",
+        scale_embedding=True,
+        max_position_embeddings=64,
+        pad_token_id=size - 1,
+        decoder_start_token_id=size - 1,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        init_std=0.2,  # ten times the default: logits that depend on the input, not on the bias alone
+    )
+    torch.manual_seed(seed)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():  # trained-looking norms and logit biases, not the identity init
+        for name, param in model.named_parameters():
+            if "layer_norm" in name:
+                param.add_(torch.randn_like(param) * 0.3)
+        model.final_logits_bias.normal_(0.0, 0.5)
+        model.final_logits_bias[0, 0] = 2.0  # EOS likely enough that outputs end before their limits
+        model.final_logits_bias[0, size - 1] = 0.0  # the padding's bias stays zero, as in OPUS-MT
+    model.save_pretrained(directory)
+    (directory / "source.spm").write_bytes(source)
+    (directory / "target.spm").write_bytes(target)
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    return directory

@@ -1,0 +1,303 @@
+"""A Marian (OPUS-MT) model imported: the same log-probabilities and outputs as Hugging Face's, and a
+checkpoint that translate.py and the CTranslate2 export take like any other.
+
+One tiny random ``MarianMTModel`` is built with ``transformers`` offline (tests/helpers/marian.py) and
+imported once for the whole module; ``transformers`` is imported by this module only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import shlex
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from helpers.marian import SENTENCES, make_marian_dir
+from helpers.training import REPO_ROOT
+
+from app.checkpoint import LoadedModel, load_model
+from app.inference.engine import SearchSettings
+from app.inference.torch_engine import TorchEngine, load_torch_engine, pad_batch
+from app.interop.marian import read_marian_dir, vocabulary_order
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_marian", REPO_ROOT / "scripts" / "import_marian.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_marian_dir(tmp_path_factory.mktemp("hf") / "opus-mt-de-en")
+
+
+@pytest.fixture(scope="module")
+def imported(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The checkpoint scripts/import_marian.py writes (languages from the directory's name), and what it
+    prints."""
+    path = tmp_path_factory.mktemp("ckpt") / "opus-mt-de-en.ckpt"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert load_script().main([str(marian_dir), "-o", str(path)]) == 0
+    return path, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(imported: tuple[Path, str]) -> Path:
+    return imported[0]
+
+
+@pytest.fixture(scope="module")
+def transformers() -> ModuleType:
+    """Imported when a test here runs, not when the suite is collected (a few seconds)."""
+    return importlib.import_module("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_model(marian_dir: Path, transformers: ModuleType):
+    return transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def to_marian(marian_dir: Path) -> torch.Tensor:
+    """Marian's id of each of ours (our padding, which Marian lacks, as Marian's padding)."""
+    marian = read_marian_dir(marian_dir)
+    order, _ = vocabulary_order(marian.vocab, marian.config)
+    return torch.tensor([marian.config["pad_token_id"] if m is None else m for m in order])
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoint: Path) -> LoadedModel:
+    return load_model(checkpoint)
+
+
+def sources(loaded: LoadedModel) -> list[list[int]]:
+    return [[*ids, loaded.src_tokenizer.eos_id] for ids in loaded.src_tokenizer.encode(SENTENCES)]
+
+
+def test_text_is_cut_and_joined_as_marian_tokenizer_does(
+    marian_dir: Path, loaded: LoadedModel, to_marian: torch.Tensor, transformers: ModuleType
+) -> None:
+    tokenizer = transformers.MarianTokenizer(
+        vocab=str(marian_dir / "vocab.json"),
+        source_spm=str(marian_dir / "source.spm"),
+        target_spm=str(marian_dir / "target.spm"),
+    )
+    assert [to_marian[ids].tolist() for ids in sources(loaded)] == tokenizer(SENTENCES)["input_ids"]
+    unknown = ["Ein Mann 漢 fährt Fahrrad."]  # a character neither model knows: unk on both sides
+    ours = [[*ids, loaded.src_tokenizer.eos_id] for ids in loaded.src_tokenizer.encode(unknown)]
+    assert loaded.src_tokenizer.unk_id in ours[0]
+    assert [to_marian[ids].tolist() for ids in ours] == tokenizer(unknown)["input_ids"]
+    targets = loaded.tgt_tokenizer.encode(["A man rides a bike.", "Two dogs."])
+    marian_ids = [to_marian[ids].tolist() for ids in targets]
+    assert loaded.tgt_tokenizer.decode(targets) == tokenizer.batch_decode(
+        marian_ids, skip_special_tokens=True
+    )
+
+
+def test_log_probabilities_equal_hugging_face(hf_model, loaded: LoadedModel, to_marian: torch.Tensor) -> None:
+    """Teacher forcing on a padded batch: every token's log-probability within 1e-5 (float32)."""
+    src = pad_batch(sources(loaded), 0)  # (B, S)
+    lengths = torch.tensor([3, 6, 1, 5])
+    targets = torch.randint(4, len(to_marian), (src.size(0), 6), generator=torch.Generator().manual_seed(1))
+    tgt_in = torch.cat([torch.full((src.size(0), 1), 2), targets], dim=1)  # BOS = Marian's start (pad)
+    tgt_in[torch.arange(7)[None, :] > lengths[:, None]] = 0  # padded targets
+    with torch.no_grad():
+        ours = torch.log_softmax(loaded.model(src, tgt_in).float(), dim=-1)  # (B, T, V + 1)
+        theirs = hf_model(
+            input_ids=to_marian[src], attention_mask=(src != 0).long(), decoder_input_ids=to_marian[tgt_in]
+        ).logits.log_softmax(dim=-1)  # (B, T, V)
+    real = torch.arange(7)[None, :] <= lengths[:, None]  # (B, T)
+    torch.testing.assert_close(ours[..., 1:][real], theirs[..., to_marian[1:]][real], atol=1e-5, rtol=0)
+    assert bool((ours[..., 0] < -1000).all())  # our padding id: never a candidate
+
+
+class LimitKeepsScore:
+    """A logits processor for generate(): at the last step only EOS is allowed, with the model's
+    log-probability: our search's rule (app.decoding.greedy.constrain). Hugging Face's own forced EOS
+    scores it 0 instead."""
+
+    def __init__(self, max_length: int, eos_id: int) -> None:
+        self.max_length, self.eos_id = max_length, eos_id
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.size(1) == self.max_length - 1:
+            eos = scores[:, self.eos_id].clone()
+            scores[:] = float("-inf")
+            scores[:, self.eos_id] = eos
+        return scores
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_greedy_and_beam_outputs_equal_hugging_face(
+    hf_model,
+    checkpoint: Path,
+    loaded: LoadedModel,
+    to_marian: torch.Tensor,
+    beam: int,
+    transformers: ModuleType,
+) -> None:
+    """Our engine (Marian's length norm, from the checkpoint) against generate() with the same beam, length
+    penalty and limit; early_stopping=True is our search's end (K finished hypotheses)."""
+    engine, _ = load_torch_engine(checkpoint)
+    max_len = 24
+    settings = SearchSettings(beam=beam, alpha=1.0, max_len=max_len, len_ratio=100.0)
+    ours = [
+        [to_marian[t].item() for t in hyps[0].tokens] for hyps in engine.hypotheses(sources(loaded), settings)
+    ]
+    src = pad_batch(sources(loaded), 0)
+    pad = hf_model.config.pad_token_id
+    generated = hf_model.generate(
+        input_ids=to_marian[src],
+        attention_mask=(src != 0).long(),
+        num_beams=beam,
+        length_penalty=1.0,
+        early_stopping=True,
+        max_length=max_len + 1,  # counts the start token
+        do_sample=False,
+        forced_eos_token_id=None,
+        bad_words_ids=[[pad]],
+        logits_processor=transformers.LogitsProcessorList([LimitKeepsScore(max_len + 1, 0)]),
+    )
+    theirs = [[t for t in row.tolist()[1:] if t not in (0, pad)] for row in generated]
+    assert ours == theirs
+    assert any(len(ids) < max_len - 1 for ids in ours)  # some end before the limit
+
+
+def test_translate_py_translates_the_checkpoint(checkpoint: Path, tmp_path: Path) -> None:
+    from app.inference.cli import main
+
+    out = tmp_path / "out.en"
+    assert main([str(checkpoint), "--beam", "4", "--length-penalty", "1.0", "-o", str(out), *SENTENCES]) == 0
+    engine, config = load_torch_engine(checkpoint)
+    assert engine.length_norm == config["test_search"]["length_norm"] == "power"
+    expected = engine.translate(SENTENCES, SearchSettings(beam=4, alpha=1.0))
+    assert out.read_text(encoding="utf-8").splitlines() == expected
+    assert any(expected)
+
+
+def test_ct2_export_scores_as_the_checkpoint(checkpoint: Path, loaded: LoadedModel, tmp_path: Path) -> None:
+    """Post-norm, swish, sines-then-cosines and the logit bias all reach CTranslate2."""
+    import ctranslate2
+
+    from app.export.ct2 import export_ct2
+
+    export_ct2(checkpoint, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    src, tgt = (
+        sources(loaded),
+        loaded.tgt_tokenizer.encode(["A man rides a bike.", "Two dogs play.", "x", "y"]),
+    )
+    scored = translator.score_batch(
+        [loaded.src_tokenizer.id_to_piece(s) for s in src], [loaded.tgt_tokenizer.id_to_piece(t) for t in tgt]
+    )
+    for s, t, result in zip(src, tgt, scored, strict=True):
+        with torch.no_grad():
+            log_probs = loaded.model(torch.tensor([s]), torch.tensor([[2, *t]])).float().log_softmax(-1)[0]
+        ours = log_probs[torch.arange(len(t) + 1), torch.tensor([*t, 3])]
+        torch.testing.assert_close(torch.tensor(result.log_probs), ours, atol=1e-4, rtol=0)
+    greedy = SearchSettings(beam=1, max_len=24)
+    engine = TorchEngine(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer)
+    from app.inference.engines import open_engine
+
+    assert open_engine(tmp_path / "ct2").translate(SENTENCES, greedy) == engine.translate(SENTENCES, greedy)
+
+
+def test_init_from_takes_the_checkpoint_with_the_printed_overrides(
+    imported: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The overrides the importer prints build a model that init_from fills (fine-tuning's start)."""
+    from helpers.configs import compose_config
+    from omegaconf import OmegaConf
+
+    from app.models import build_model
+    from app.training.warm_start import load_start, load_weights
+
+    checkpoint, printed = imported
+    line = next(line for line in printed.splitlines() if line.startswith("fine-tune with: python train.py"))
+    overrides = [arg for arg in shlex.split(line)[4:] if not arg.startswith(("init_from=", "data="))]
+    assert "experiment=opus_mt" in overrides
+    config = OmegaConf.to_container(compose_config(*overrides, tmp_path=tmp_path), resolve=True)
+    start = load_start(str(checkpoint), config)
+    vocab = start.tgt_tokenizer.vocab_size
+    model = build_model(
+        config["model"], config["attention"], src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=0
+    )
+    load_weights(model, start, config, source=str(checkpoint))
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, start.model.state_dict()[name])
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "vocab.json").unlink(), "lacks vocab.json"),
+        (lambda d: edit_config(d, activation_function="tanh"), "activation_function='tanh'"),
+        (lambda d: edit_config(d, decoder_ffn_dim=16), "decoder_ffn_dim=16"),
+        (lambda d: (d / "model.safetensors").unlink(), "holds no weights"),
+    ],
+    ids=["no-vocab", "activation", "ffn-sizes", "no-weights"],
+)
+def test_a_model_it_cannot_rebuild_is_refused_by_name(
+    marian_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, message: str
+) -> None:
+    import shutil
+
+    copy = tmp_path / "opus-mt-de-en"
+    shutil.copytree(marian_dir, copy)
+    damage(copy)
+    assert load_script().main([str(copy), "-o", str(tmp_path / "x.ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "x.ckpt").exists()
+
+
+def test_a_pickled_bin_that_runs_code_is_refused(marian_dir: Path, tmp_path: Path, capsys) -> None:
+    import shutil
+
+    copy = tmp_path / "opus-mt-de-en"
+    shutil.copytree(marian_dir, copy)
+    (copy / "model.safetensors").unlink()
+    torch.save({"weights": Path("not a tensor")}, copy / "pytorch_model.bin")
+    assert load_script().main([str(copy), "-o", str(tmp_path / "x.ckpt")]) == 2
+    assert "weights only" in capsys.readouterr().err
+
+
+def edit_config(directory: Path, **changes) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_a_pytorch_model_bin_gives_the_same_checkpoint(
+    marian_dir: Path, loaded: LoadedModel, tmp_path: Path
+) -> None:
+    """Older OPUS-MT directories hold pytorch_model.bin: read weights-only, to the same weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    copy = tmp_path / "opus-mt-de-en"
+    shutil.copytree(marian_dir, copy)
+    torch.save(load_file(copy / "model.safetensors"), copy / "pytorch_model.bin")
+    (copy / "model.safetensors").unlink()
+    assert load_script().main([str(copy), "-o", str(tmp_path / "bin.ckpt")]) == 0
+    weights = load_model(tmp_path / "bin.ckpt").model.state_dict()
+    assert all(torch.equal(value, weights[name]) for name, value in loaded.model.state_dict().items())
+
+
+def test_from_hub_offline_says_so(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert (
+        load_script().main(["--from-hub", "Helsinki-NLP/opus-mt-de-en", "-o", str(tmp_path / "x.ckpt")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not download Helsinki-NLP/opus-mt-de-en") and "Traceback" not in err
