@@ -15,8 +15,7 @@ try:
     from omegaconf import DictConfig
 
     from app.training.distributed import register_resolvers
-    from app.training.sweep import run_job_in_own_process
-    from app.training.task import train_or_exit
+    from app.training.sweep import sweep_job
 except KeyboardInterrupt:  # Ctrl-C while torch and Lightning load: as quiet as one later
     sys.exit(130)
 
@@ -24,12 +23,15 @@ register_resolvers()  # before Hydra reads conf/train.yaml
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def main(cfg: DictConfig) -> int | None:
-    """A single run trains here; a sweep's job trains in a child process and returns its exit code
-    (Hydra keeps it in the job's return; the sweep's exit status comes from the jobs' FAILED files)."""
+def main(cfg: DictConfig) -> float | None:
+    """A single run trains here; a sweep's job trains in a child process and returns its exit code, or
+    for a tuning sweep its best validation score (``sweep_returns``; Hydra keeps it in the job's return,
+    and the sweep's exit status comes from the jobs' FAILED files)."""
     logging.getLogger("app").setLevel(logging.INFO)
     if HydraConfig.get().mode == RunMode.MULTIRUN:
-        return run_job_in_own_process()
+        return sweep_job(cfg)
+    from app.training.task import train_or_exit  # here: a sweep's own process only starts jobs, no Lightning
+
     train_or_exit(cfg)  # a run refused for a reason it names: one error: line, exit status 2
     return None
 

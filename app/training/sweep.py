@@ -13,10 +13,16 @@ plain single run in the job's directory, with the job's overrides, and waits for
   job's ``last.ckpt``;
 - when the sweep ends, ``train.py -m`` exits non-zero if any of its jobs failed, its last line naming
   them (:class:`FailedJobsExit`), so a script or a scheduler sees the failure.
+
+What the job hands back to the sweeper is ``sweep_returns`` (:func:`sweep_job`): the child's exit code (the
+ablation's sweeper ignores it), or for a tuning sweeper the objective, the trial's best validation score;
+a tuning trial that failed raises :class:`JobFailed`, which Hydra keeps in the job's return, so the
+Optuna sweeper records the trial as failed and goes on.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,37 @@ from app.rundir import FAILED, RunDir
 from app.training.train_process import ChildEnd, run_train_process, single_run_command
 
 ERROR_LINES = 40  # lines of the child's standard error kept in FAILED
+EXIT_CODE, VAL_BEST = "exit_code", "val_best"  # the choices of sweep_returns (conf/train.yaml)
+
+
+class JobFailed(RuntimeError):
+    """A tuning trial's job that gave no objective: its process failed, or it ran no validation."""
+
+
+def sweep_job(cfg: DictConfig) -> int | float:
+    """Run the current sweep job in a process of its own; return what ``cfg.sweep_returns`` names."""
+    returncode = run_job_in_own_process()
+    returns = cfg.get("sweep_returns", EXIT_CODE)
+    if returns == EXIT_CODE:
+        return returncode
+    if returns != VAL_BEST:
+        raise ValueError(f"sweep_returns={returns!r}; valid choices: {EXIT_CODE}, {VAL_BEST}")
+    return job_objective(Path(HydraConfig.get().runtime.output_dir), returncode)
+
+
+def job_objective(job_dir: Path, returncode: int) -> float:
+    """The best validation score the job's run wrote in results.json (``val_best``); :class:`JobFailed`
+    where the run failed (its FAILED file says how) or validated never."""
+    if returncode != 0:
+        raise JobFailed(f"train.py {ChildEnd(returncode).describe()}: see {RunDir(job_dir).failed}")
+    results = RunDir(job_dir).results
+    value = json.loads(results.read_text()).get(VAL_BEST) if results.is_file() else None
+    if value is None:
+        raise JobFailed(
+            f"no {VAL_BEST} in {results}: the run validated never "
+            "(give trainer.val_check_interval at most trainer.max_steps)"
+        )
+    return float(value)
 
 
 def run_job_in_own_process() -> int:

@@ -28,6 +28,7 @@ from app.data.tokenizer import TokenizerError
 from app.hardware import machine_description, resolve_precision
 from app.inference.run_scoring import score_run
 from app.inference.selection import check_selection, validation_monitor
+from app.io import atomic_write
 from app.rundir import BEST, STEP_STEM, RunDir
 from app.training.build import prepare_process, run_model, run_module, run_tokenizers, warm_start
 from app.training.callbacks import (
@@ -173,13 +174,18 @@ def fit_and_evaluate(fit: Fit, cfg: DictConfig) -> dict[str, Any]:
     fit_seconds = time.perf_counter() - started
     if not trainer.is_global_zero:
         return {}
+    kept = run_statistics(trainer, module, fit_seconds)
+    if not cfg.get("evaluate_test", True):  # a tuning trial: judged on validation, the test set unread
+        write_run_statistics(fit.run, kept)
+        log_results_and_close(trainer.logger, {})
+        return kept
     results = score_run(
         fit.run,
         OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
         fit.corpora,
         final_checkpoint(trainer),
         device=trainer.strategy.root_device,  # a GPU run decodes (and times its decoding) on its GPU
-        kept=run_statistics(trainer, module, fit_seconds),
+        kept=kept,
     )
     log_results_and_close(trainer.logger, results)
     log.info("test scores: %s", json.dumps(results))
@@ -207,11 +213,26 @@ def run_statistics(trainer: pl.Trainer, module: TranslationModule, fit_seconds: 
         # throughput of the whole fit, validation included; the training-step rate is train/tokens_per_s
         "train_tokens_per_s": round(module.tokens_trained / fit_seconds),
         "skipped_batches": module.skipped_batches,
+        "val_best": best_validation_score(trainer),
         "world_size": trainer.world_size,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         **peak_gpu_memory(trainer.strategy.root_device),
         "machine": machine_description(trainer.strategy.root_device),
     }
+
+
+def best_validation_score(trainer: pl.Trainer) -> float | None:
+    """The best validation score of the fit (what best.ckpt follows: ``selection.metric`` decoded with
+    ``valid_search``); None where no validation ran. A tuning sweep's objective (app/training/tuning.py)."""
+    best = trainer.checkpoint_callback
+    score = best.best_model_score if isinstance(best, ModelCheckpoint) else None
+    return None if score is None else round(float(score), 4)
+
+
+def write_run_statistics(run: RunDir, statistics: dict[str, Any]) -> None:
+    """``results.json`` of a run that decodes no test set (``evaluate_test=false``): its statistics only."""
+    with atomic_write(run.results, "w") as out:
+        out.write(json.dumps(statistics, indent=2) + "\n")
 
 
 def peak_gpu_memory(device: torch.device) -> dict[str, int]:

@@ -1,0 +1,1 @@
+"""This project's Hydra plugins: the resumable Optuna sweeper of ``sweep=tune``."""
