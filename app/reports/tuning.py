@@ -38,7 +38,7 @@ class TuningSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweeper = config.hydra.sweeper
         study = optuna.load_study(study_name=sweeper.study_name, storage=sweeper.storage)
-        objective = f"validation {config.selection.metric}"  # what best.ckpt follows (conf/train.yaml)
+        objective = f"val/{config.selection.metric}"  # what best.ckpt follows (selection.metric)
         summary = study_summary(study, objective=objective, steps=config.trainer.max_steps)
         text = write_summary(Path(config.hydra.sweep.dir), summary)
         print(text, flush=True)

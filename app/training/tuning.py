@@ -47,6 +47,7 @@ def resume_study(storage: str | None, study_name: str | None, sweep_dir: Path) -
     ``sweep_dir`` is created first: the SQLite file of ``sqlite:///<sweep dir>/study.db`` lives in it.
     """
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its schema set-up says a dozen lines at INFO
     if storage is None or study_name is None:  # in memory: nothing to resume
         return StudyStart(0, 0, [])
     try:
