@@ -46,8 +46,12 @@ browser:  ## install Debian's chromium for the browser test, where apt-get can (
 	  echo "installed chromium for the browser test"; } || \
 	echo "no chromium (not root, or no apt-get): the browser test will be skipped"
 
+# Test files run in parallel, one worker per core (at most 4), a file's tests on one worker (they share its
+# module fixtures); each worker gets its share of the cores' threads (tests/conftest.py). TEST_WORKERS=0: serial.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+
 test: install browser  ## every test of every layer (unit, integration, scripts), slow-marked ones included (CI)
-	$(PY) -m pytest -q -m "slow or not slow" --durations=20 tests
+	$(PY) -m pytest -q -m "slow or not slow" -n $(TEST_WORKERS) --dist loadfile --durations=20 tests
 
 test-unit: install  ## the unit layer only (tests/unit), slow-marked tests included
 	$(PY) -m pytest -q -m "slow or not slow" tests/unit

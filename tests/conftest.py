@@ -35,14 +35,37 @@ TINY_MODEL: dict[str, Any] = {
 }
 
 
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # `make test` runs one per core (xdist)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_package_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``--compile aot`` packages go to a folder of this test session (subprocesses inherit it), never to
-    the user's cache; tests that build the same model's packages share them, as processes do."""
-    folder = tmp_path_factory.mktemp("aot-packages")
+    the user's cache; tests that build the same model's packages share them, as processes do, and so do
+    the session's parallel workers (their temporary folders share a parent)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if WORKERS > 1 else base) / "aot-packages"
+    folder.mkdir(mode=0o700, exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTN_MT_AOT_CACHE", str(folder))
         yield folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def threads_per_worker() -> Iterator[None]:
+    """Parallel workers share the cores: each gets its share of torch threads, as do the processes its
+    tests start (``OMP_NUM_THREADS``), so that no core runs more threads than one (OpenMP threads spin
+    while they wait for a core)."""
+    if WORKERS == 1:
+        yield
+        return
+    share = max(1, (os.cpu_count() or 1) // WORKERS)
+    before = torch.get_num_threads()
+    torch.set_num_threads(share)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", str(share))
+        yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,8 @@ def test_decay_steps_auto_reaches_zero_when_the_time_budget_ends(corpus_slice: P
     last_step = records[-1]["step"]
     estimates = logged_column(run_dir / "csv" / "metrics.csv", "optim/decay_steps")
     assert len(estimates) >= 3, f"{last_step} steps in 12 s gave {len(estimates)} estimates"
-    assert abs(estimates[-1] - last_step) <= 0.1 * last_step  # the decay's end is where the budget ended
+    # the decay's end is where the budget ended: within 10%, or 5 steps where a busy machine ran few
+    assert abs(estimates[-1] - last_step) <= max(0.1 * last_step, 5)
     assert max(r["lr"] for r in records) == pytest.approx(PEAK)
     assert records[-1]["lr"] < 0.05 * PEAK  # so the last updates were the small ones
 

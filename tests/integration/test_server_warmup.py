@@ -40,7 +40,10 @@ def test_an_eager_engine_needs_no_warm_up(checkpoint: Path) -> None:
 
 
 @pytest.mark.slow
-def test_packages_are_paid_before_the_first_request(checkpoint: Path) -> None:
+def test_packages_are_paid_before_the_first_request(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATTN_MT_AOT_CACHE", str(tmp_path))  # its own cache: built here, whatever ran before
     engine = open_engine(checkpoint, compile="aot")
     started = time.perf_counter()
     report = warm_up(engine, beams=(1,), counts=(1,))  # one shape: fewer packages to build in a test

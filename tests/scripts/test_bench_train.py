@@ -71,7 +71,9 @@ def test_bench_train_reports_median_throughput_and_memory(
     assert sorted(printed["tokens_per_s_windows"])[1] == printed["tokens_per_s"] > 0
     assert 0 < printed["model_tflops"] < printed["peak_fp32_tflops"] * 1.5
     # mfu and model_tflops unrounded (a tiny model's would round to 0); the peak printed to 4 decimals
-    assert printed["mfu"] == pytest.approx(printed["model_tflops"] / printed["peak_fp32_tflops"], rel=1e-3)
+    peak = printed["peak_fp32_tflops"]  # rounded to 4 decimals: on a busy machine a small peak's rounding
+    rounding = 0.5e-4 / peak  # is most of the gap between mfu and model_tflops / printed peak
+    assert printed["mfu"] == pytest.approx(printed["model_tflops"] / peak, rel=1e-3 + rounding)
     assert printed["cpu_model"] and printed["peak_fp32_tflops"] > 0
     assert printed["peak_bf16_tflops"] is None and printed["mfu_bf16"] is None  # no fast bf16: not measured
     assert torch.float32 in avx2_only and torch.bfloat16 not in avx2_only
