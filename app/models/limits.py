@@ -8,10 +8,10 @@ a few hundred kilobytes whose config says ``encoder_layers=100000`` or ``max_pos
 1. :func:`check_sizes`: the config's sizes stay under :data:`SIZE_BOUNDS` (layers, positions, heads,
    widths), checked on the numbers alone. ``build_model`` applies it to every config, training's too, so
    no run writes a checkpoint that would then be refused.
-2. :func:`check_weights_fit`: the model is built on PyTorch's ``meta`` device (shapes without memory) and
-   must ask for exactly the tensors the file holds, name for name and shape for shape, hold no more
-   numbers than the file stores, and compute no more than :data:`MAX_COMPUTED_BYTES` of tables that are
-   not saved (the sinusoidal position table). The check reads no parameter names, so it holds for any
+2. :func:`build_for_weights`: the model is built under an allocation budget (twice the bytes the file
+   stores, plus :data:`EXTRA_BYTES` for tables that are not saved, such as the sinusoidal positions),
+   refused before the allocation that would pass it, and must then hold exactly the tensors the file
+   holds, name for name and shape for shape. The check reads no parameter names, so it holds for any
    model family or option.
 
 After both, building the model costs about what the file's weights occupy.
