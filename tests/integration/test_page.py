@@ -109,7 +109,7 @@ def test_the_page_works_from_the_keyboard(page: Any, url: str, engine: Engine) -
     page.keyboard.press("Control+Enter")
     expect(page.locator("#translations li")).to_have_count(1)
     expected = engine.translate(LINES[:1], SearchSettings(beam=5, target_lang="en"))
-    assert page.locator("#translations .text").all_text_contents() == expected
+    expect(page.locator("#translations .text")).to_have_text(expected)
 
 
 def map_cells(page: Any, rows: int, cols: int) -> list[list[tuple[int, int, int]]]:
@@ -178,9 +178,9 @@ def test_the_servers_refusals_are_shown_in_words_and_the_page_recovers(
     assert "beam" in page.locator("#error").text_content()
     page.locator("#beam").fill("1")
     page.get_by_role("button", name="Translate").click()
-    page.locator("#error").wait_for(state="hidden")
+    page.locator("#error").wait_for(state="hidden")  # hidden when the request leaves: wait for the answer
     expected = engine.translate(LINES[:1], SearchSettings(beam=1, target_lang="en"))
-    assert page.locator("#translations .text").all_text_contents() == expected
+    expect(page.locator("#translations .text")).to_have_text(expected)
 
 
 def test_a_busy_server_says_when_to_retry(page: Any) -> None:
@@ -207,5 +207,5 @@ def test_a_busy_server_says_when_to_retry(page: Any) -> None:
         assert running.result(TIMEOUT).status_code == queued.result(TIMEOUT).status_code == 200
         page.get_by_role("button", name="Translate").click()
         page.locator("#error").wait_for(state="hidden")
-        assert page.locator("#translations .text").all_text_contents() == ["ettird"]
+        expect(page.locator("#translations .text")).to_have_text(["ettird"])
         assert page.locator("button.show-map").count() == 0
