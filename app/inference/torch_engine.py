@@ -18,6 +18,7 @@ import torch
 from app.acceleration.auto import Decoding, FixedDecoding, decoding_for
 from app.acceleration.packed_linear import pack_wide_linears
 from app.acceleration.weight_layout import store_column_major
+from app.attention.multihead import MultiHeadAttention
 from app.checkpoint import CheckpointError, LoadedModel, load_model
 from app.data.tokenizer import Tokenizer
 from app.decoding import (
@@ -48,7 +49,6 @@ class TorchEngine(Engine):
     """A trained model with its tokenizers, ready to translate text: the torch engine."""
 
     name = "torch"
-    has_attention_maps = True
 
     def __init__(
         self,
@@ -64,6 +64,16 @@ class TorchEngine(Engine):
         self.compile_mode = "off"
         self.length_norm = "gnmt"  # beam search's default length_norm (SearchSettings.length_norm None)
         self.decoding: Decoding = FixedDecoding(model, "off")  # which model each batch searches with
+
+    @property
+    def has_attention_maps(self) -> bool:  # type: ignore[override]
+        """Whether every cross-attention kernel gives weights: linear and Linformer attention have none,
+        so their maps are refused before any decoding (recurrent models' mechanisms always give them)."""
+        return all(
+            module.kernel.capabilities.returns_weights
+            for name, module in self.model.named_modules()
+            if isinstance(module, MultiHeadAttention) and name.endswith("cross_attn")
+        )
 
     def compile(self, mode: str) -> None:
         """Decode through AOTInductor packages: ``mode`` auto | aot | off (see :mod:`app.acceleration.auto`);

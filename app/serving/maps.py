@@ -19,7 +19,10 @@ def attention_problem(request: TranslateRequest, engine: Engine) -> str | None:
     if not request.attention:
         return None
     if not engine.has_attention_maps:
-        return f"attention: the {engine.name} engine has no attention weights (the torch engine has)"
+        return (
+            f"attention: the {engine.name} engine has no attention weights for this model (CTranslate2 "
+            "exports have none, nor kernels that approximate attention: linear, linformer)"
+        )
     if len(request.sentences) > MAX_ATTENTION_SENTENCES:
         return (
             f"attention: {len(request.sentences)} sentences is over the limit of {MAX_ATTENTION_SENTENCES} "

@@ -263,7 +263,8 @@ def test_a_kernel_without_weights_refuses_maps_with_422_and_still_translates(
     with running_server(create_app(open_engine(path), LIMITS)) as (base_url, _):
         response = post(base_url, {"sentences": ["Ein Hund."], "beam": 1, "attention": True})
         assert response.status_code == 422, response.text
-        assert "no weights" in response.json()["error"]
+        assert "the torch engine has no attention weights" in response.json()["error"]
+        assert httpx.get(f"{base_url}/health", timeout=TIMEOUT).json()["attention"] is False
         assert post(base_url, {"sentences": ["Ein Hund."], "beam": 1}).status_code == 200
 
 
