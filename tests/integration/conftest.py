@@ -21,10 +21,16 @@ def corpus_slice(multi30k_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def engine(
+def tiny_checkpoint(
     checkpoint_factory: Callable[..., torch.nn.Module], tmp_path_factory: pytest.TempPathFactory
-) -> Engine:
-    """A tiny untrained Transformer behind the torch engine, one per test module (the server tests)."""
-    path: Path = tmp_path_factory.mktemp("engine") / "model.ckpt"
+) -> Path:
+    """A tiny untrained Transformer's checkpoint (eager attention), one per test module."""
+    path: Path = tmp_path_factory.mktemp("tiny") / "model.ckpt"
     checkpoint_factory(path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
-    return open_engine(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint: Path) -> Engine:
+    """That checkpoint behind the torch engine, one per test module (the server tests)."""
+    return open_engine(tiny_checkpoint)

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import torch
 import uvicorn
-from helpers.models import TINY_TRANSFORMER
 from helpers.training import REPO_ROOT
 
 from app.checkpoint import CHECKPOINT_KEY, read_checkpoint, save_atomically
@@ -99,12 +98,9 @@ print(json.dumps(results))
 
 
 @pytest.fixture(scope="module")
-def good(
-    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    path = tmp_path_factory.mktemp("good") / "model.ckpt"
-    checkpoint_factory(path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
-    return path
+def good(tiny_checkpoint: Path) -> Path:
+    """The checkpoint the crafted files start from (tests/integration/conftest.py)."""
+    return tiny_checkpoint
 
 
 def crafted(good: dict[str, Any], directory: Path, change: Callable[[dict[str, Any]], Any]) -> Path:

@@ -19,7 +19,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import uvicorn
-from helpers.models import TINY_TRANSFORMER
 from helpers.training import REPO_ROOT, compose_train, run_translate, tiny_overrides, write_corpus_slice
 from lightning_fabric.strategies.fsdp import _get_full_state_dict_context
 from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy
@@ -55,12 +54,9 @@ def load_script(name: str) -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def good(
-    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    path = tmp_path_factory.mktemp("good") / "model.ckpt"
-    checkpoint_factory(path, model_cfg=TINY_TRANSFORMER, attention_cfg={"kernel": "eager"})
-    return path
+def good(tiny_checkpoint: Path) -> Path:
+    """The checkpoint the crafted files start from (tests/integration/conftest.py)."""
+    return tiny_checkpoint
 
 
 @pytest.fixture
