@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from app.attention.cache import AttentionCache, KVCache, StaticCache, WindowCache
 from app.attention.output import AttentionOutput
+from app.attention.segments import Segments
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,38 @@ class AttentionKernel(nn.Module):
     ) -> AttentionOutput:
         """Attend ``q`` (B, H, Tq, Dh) over ``k``/``v`` (B, Hkv, Tk, Dh); see the module docstring."""
         raise NotImplementedError
+
+    def forward_packed(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        q_segments: Segments,
+        k_segments: Segments,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        """Attend packed queries ``q`` (Nq, H, Dh) over packed keys and values ``k``, ``v`` (Nk, Hkv, Dh):
+        each query sees only the keys of its own sequence (``q_segments`` and ``k_segments`` hold the same
+        number of sequences, in the same order), and with ``causal`` only those at its position or before.
+        Returns the context (Nq, H, Dh). No padding exists in a packed batch, so no mask is built here.
+
+        This default runs :meth:`forward` on the padded (B, H, S, Dh) layout of the same sequences (zeros at
+        the padding, which its key mask hides) and packs the context back: every kernel accepts a packed
+        batch and gives what it gives on the padded one. Kernels with a padding-free form (flex) override it.
+        """
+        queries, keys = q_segments.padded(), k_segments.padded()
+        out = self(
+            queries.unpack(q).transpose(1, 2),  # (B, H, Sq, Dh)
+            keys.unpack(k).transpose(1, 2),  # (B, Hkv, Sk, Dh)
+            keys.unpack(v).transpose(1, 2),
+            # causal: a real query sees real keys only (sequences are right-padded), as in decoder training
+            key_mask=None if causal else k_segments.key_mask(),
+            causal=causal,
+            dropout_p=dropout_p,
+        )
+        return queries.pack(out.context.transpose(1, 2))  # (Nq, H, Dh)
 
     def cache_window(self) -> int | None:
         """How many past positions a decoder self-attention cache must keep (None = all)."""

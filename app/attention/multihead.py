@@ -14,6 +14,7 @@ from app.attention.base import AttentionKernel, AttentionOutput
 from app.attention.cache import AttentionCache
 from app.attention.packing import PackedRows
 from app.attention.registry import AttentionConfigError
+from app.attention.segments import Segments
 
 
 class MultiHeadAttention(nn.Module):
@@ -102,6 +103,41 @@ class MultiHeadAttention(nn.Module):
             k, v = self.project_kv(source, q if memory is None else None)  # (B, Hkv, Tk, Dh)
             out = self.attend(q, k, v, key_mask=key_mask, causal=causal, need_weights=need_weights)
         return self._merge(out.context), out.weights
+
+    def forward_packed(
+        self,
+        x: Tensor,
+        segments: Segments,
+        *,
+        memory: Tensor | None = None,
+        memory_segments: Segments | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        """Attention over a packed batch (:mod:`app.attention.segments`): ``x`` (Nq, D) the real tokens of the
+        query sequences ``segments``; self-attention, or cross-attention to ``memory`` (Nk, D) of
+        ``memory_segments`` (the same sequences' sources, in the same order). Returns (Nq, D). Training and
+        scoring only: decoding keeps its padded, cached path (:meth:`forward`)."""
+        if (memory is None) != (memory_segments is None):
+            raise ValueError("cross-attention over a packed batch needs both memory and memory_segments")
+        n = x.size(0)
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # (Nq, H, Dh)
+        source = x if memory is None else memory
+        m = source.size(0)
+        v = self.v_proj(source).view(m, self.num_kv_heads, self.head_dim)  # (Nk, Hkv, Dh)
+        if self.k_proj is not None:
+            k = self.k_proj(source).view(m, self.num_kv_heads, self.head_dim)
+        else:  # a shared-QK kernel derives its keys from the queries: (N, H, Dh)
+            k = self.kernel.shared_keys(q.transpose(0, 1)[None])[0].transpose(0, 1)
+        context = self.kernel.forward_packed(
+            q,
+            k,
+            v,
+            q_segments=segments,
+            k_segments=segments if memory_segments is None else memory_segments,
+            causal=causal,
+            dropout_p=self.dropout_p,
+        )
+        return self.out_proj(context.reshape(n, self.num_heads * self.head_dim))
 
     @property
     def dropout_p(self) -> float:
