@@ -85,8 +85,8 @@ def loader_phase(cfg: DictConfig, steps: int) -> dict[str, Any]:
         batch = next(batches)
         times.append(time.perf_counter() - started)
         tokens += batch.num_tokens
-        sentences += batch.src.size(0)
-        slots += batch.src.numel() + batch.tgt_out.numel()
+        sentences += batch.sentences
+        slots += batch.slots
     return {
         "loader_ms_per_batch": round(1e3 * statistics.median(times), 3),
         "sentences_per_batch": round(sentences / steps, 1),

@@ -13,8 +13,8 @@ from omegaconf import DictConfig
 
 from app.bench.memory import anon_rss_mb
 from app.bench.timing import CONF_DIR
-from app.data.batch import Batch
-from app.models.flops import batch_lengths, supports_flop_count, transformer_training_flops
+from app.data.batch import Batch, PackedBatch
+from app.models.flops import supports_flop_count, transformer_training_flops
 from app.training.distributed import register_resolvers
 
 
@@ -37,20 +37,25 @@ class StepClock(pl.Callback):
         self.peak_anon_mb: int | None = None
 
     def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Batch, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Batch | PackedBatch, batch_idx: int
     ) -> None:
         if self.first_batch is None:
             self.first_batch = time.perf_counter()
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Batch, batch_idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Batch | PackedBatch,
+        batch_idx: int,
     ) -> None:
         self.ends.append(time.perf_counter())
         self.tokens.append(batch.num_tokens)
-        self.padded.append(batch.src.numel() + batch.tgt_out.numel())
+        self.padded.append(batch.slots)
         model = pl_module.model
         if self.count_flops and supports_flop_count(model):
-            lengths = batch_lengths(batch.src, batch.tgt_out, batch.pad_id)
+            lengths = batch.sequence_lengths()
             passes = pl_module.passes_per_batch  # R-Drop runs the model twice over each batch
             self.flops.append(passes * transformer_training_flops(model, *lengths))
         anon = anon_rss_mb() if self.track_anon_rss else None

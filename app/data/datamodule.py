@@ -51,9 +51,11 @@ class TranslationDataModule(pl.LightningDataModule):
     longer than the model accepts (``max_positions`` including EOS/BOS) is truncated for the validation
     loss, and counted in the log. With ``subword_sampling`` enabled, training batches carry a freshly
     sampled segmentation of each pair (subword regularization); evaluation splits keep the one-best
-    segmentation the model is evaluated and used with. ``num_workers`` DataLoader processes read and pad
-    batches off the training process. The training pairs of the corpus's directions are mixed by
-    ``sampling_temperature`` (:func:`app.data.multilingual.temperature_rows`; one direction: all of them).
+    segmentation the model is evaluated and used with. Training and validation batches are ``layout``
+    ``padded`` (rounded up to ``pad_to_multiple``) or ``packed`` (:mod:`app.data.batch`). ``num_workers``
+    DataLoader processes read and pad batches off the training process. The training pairs of the
+    corpus's directions are mixed by ``sampling_temperature`` (:func:`app.data.multilingual.temperature_rows`;
+    one direction: all of them).
     A split that these limits leave with less than ``min_kept`` of its examples (training: kept, evaluation:
     read whole), or with none, is refused in ``setup`` (:mod:`app.data.length_check`), which ``build_fit``
     calls before any Trainer is built.
@@ -77,6 +79,8 @@ class TranslationDataModule(pl.LightningDataModule):
         subword_sampling: SubwordSampling | None = None,
         sampling_temperature: float = 1.0,
         min_kept: float = 0.5,
+        layout: str = "padded",
+        pad_to_multiple: int = 1,
     ) -> None:
         super().__init__()
         if num_workers < 0:
@@ -93,7 +97,11 @@ class TranslationDataModule(pl.LightningDataModule):
         self.subword_sampling = subword_sampling or SubwordSampling()
         self.sampling_temperature = sampling_temperature
         self.collate = Collator(
-            pad_id=tgt_tokenizer.pad_id, bos_id=tgt_tokenizer.bos_id, eos_id=tgt_tokenizer.eos_id
+            pad_id=tgt_tokenizer.pad_id,
+            bos_id=tgt_tokenizer.bos_id,
+            eos_id=tgt_tokenizer.eos_id,
+            layout=layout,
+            pad_to_multiple=pad_to_multiple,
         )
         self.datasets: dict[str, EncodedPairs] = {}
         self.dropped_train_pairs = 0
@@ -127,6 +135,8 @@ class TranslationDataModule(pl.LightningDataModule):
             ),
             sampling_temperature=data.get("sampling_temperature") or 1.0,
             min_kept=data.get("min_kept", 0.5),
+            layout=data.get("layout") or "padded",
+            pad_to_multiple=data.get("pad_to_multiple") or 1,
         )
 
     def setup(self, stage: str | None = None) -> None:

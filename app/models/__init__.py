@@ -47,6 +47,13 @@ def _build_rnn(
 
 
 MODEL_BUILDERS: dict[str, Callable[..., Seq2Seq]] = {"transformer": _build_transformer, "rnn": _build_rnn}
+MODEL_CLASSES: dict[str, type[Seq2Seq]] = {"transformer": Transformer, "rnn": RNNSeq2Seq}
+
+
+def packing_families() -> list[str]:
+    """The model families that train on packed batches (``data.layout=packed``), by their class's
+    ``packs_batches``."""
+    return sorted(family for family, model in MODEL_CLASSES.items() if model.packs_batches)
 
 
 def build_model(
@@ -80,10 +87,12 @@ def build_model(
 
 __all__ = [
     "MODEL_BUILDERS",
+    "MODEL_CLASSES",
     "DecoderState",
     "EncoderOutput",
     "RNNSeq2Seq",
     "Seq2Seq",
     "Transformer",
     "build_model",
+    "packing_families",
 ]

@@ -61,3 +61,11 @@ class SinusoidalPositions(nn.Module):
         if end > self.max_len:
             raise ValueError(f"sequence of {end} positions exceeds max_positions={self.max_len}")
         return x + self.table[offset:end].to(x.dtype)
+
+    def at(self, x: Tensor, positions: Tensor, longest: int) -> Tensor:
+        """``x`` (N, D), packed tokens, gets the encodings of their own ``positions`` (N,) (a packed batch's,
+        restarting at 0 in every sequence); ``longest`` (the longest sequence, known on the host) is checked
+        against ``max_positions`` without reading the positions back from the device."""
+        if longest > self.max_len:
+            raise ValueError(f"sequence of {longest} positions exceeds max_positions={self.max_len}")
+        return x + self.table.index_select(0, positions).to(x.dtype)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from app.attention.segments import Segments
+
 
 @dataclass
 class EncoderOutput:
@@ -60,6 +62,22 @@ class Seq2Seq(nn.Module, ABC):
         default) where a model has no single output layer, and training computes ``forward``'s logits.
         """
         return None
+
+    packs_batches = False  # whether the packed methods below take packed batches (data.layout=packed)
+
+    def packed_output_features(
+        self, src: Tensor, src_segments: Segments, tgt_in: Tensor, tgt_segments: Segments
+    ) -> tuple[Tensor, nn.Linear]:
+        """:meth:`output_features` of a packed batch (:mod:`app.attention.segments`): states (Nt, D) of the
+        target inputs ``tgt_in`` (Nt,) given the sources ``src`` (Ns,), no padding anywhere; and the output
+        layer. Only where ``packs_batches`` (the Transformer, :mod:`app.models.packed`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not take packed batches")
+
+    def forward_packed(
+        self, src: Tensor, src_segments: Segments, tgt_in: Tensor, tgt_segments: Segments
+    ) -> Tensor:
+        """Logits (Nt, V) of a packed batch (see :meth:`packed_output_features`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not take packed batches")
 
     @abstractmethod
     def encode(self, src: Tensor) -> EncoderOutput:

@@ -19,6 +19,7 @@ from app.attention.factory import AttentionSpec, build_attention
 from app.attention.packing import PackedRows
 from app.models.dropout import Dropout
 from app.models.embeddings import SinusoidalPositions, TokenEmbedding
+from app.models.packed import PackedForward
 from app.models.seq2seq import DecoderState, EncoderOutput, Seq2Seq
 
 # The feed-forward activation: ReLU (the paper), swish = SiLU x * sigmoid(x) (Ramachandran et al. 2017;
@@ -194,8 +195,9 @@ class TransformerState(DecoderState):
             cache.cross_attn.select(index, sentences)
 
 
-class Transformer(Seq2Seq):
-    """Encoder-decoder Transformer with optional (two- or three-way) tied embeddings.
+class Transformer(PackedForward, Seq2Seq):
+    """Encoder-decoder Transformer with optional (two- or three-way) tied embeddings; it also trains on
+    packed batches (:mod:`app.models.packed`).
 
     The defaults are this toolkit's own models; ``activation``, ``positions``, ``scale_embeddings`` and
     ``output_bias`` let other Transformers be rebuilt exactly (Marian's OPUS-MT models: swish, sines then

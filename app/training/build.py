@@ -17,13 +17,14 @@ import pytorch_lightning as pl
 import torch
 
 from app.checkpoint import LoadedModel
+from app.data.batch import BatchLayoutError, check_layout
 from app.data.corpora import Corpora
 from app.data.encoded import text_column
 from app.data.multilingual_corpus import language_samples
 from app.data.subword_training import train_or_load, train_or_load_joint
 from app.data.tokenizer import SubwordConfig, Tokenizer, settings_from_config
 from app.inference.engine import SearchSettings
-from app.models import build_model
+from app.models import build_model, packing_families
 from app.models.seq2seq import Seq2Seq
 from app.ranks import launched_as_rank_zero
 from app.training.module import TranslationModule
@@ -42,6 +43,29 @@ def prepare_process(output_dir: str, seed: int, num_threads: int | None) -> None
     pl.seed_everything(seed, workers=True)
     if num_threads:
         torch.set_num_threads(num_threads)
+
+
+def check_batch_layout(config: Mapping[str, Any]) -> None:
+    """Refuse, before any data is prepared, a ``data.layout`` the run cannot train on: an unknown one, or
+    ``packed`` for a model family without a packed forward pass (the RNNs) or under ``compile_model=true``
+    (which compiles the padded ``forward`` only)."""
+    data = config["data"]
+    layout = data.get("layout") or "padded"
+    check_layout(layout, data.get("pad_to_multiple") or 1)
+    if layout != "packed":
+        return
+    family = config["model"].get("family")
+    families = packing_families()
+    if family not in families:
+        raise BatchLayoutError(
+            f"data.layout=packed: model.family={family} does not train on packed batches (only "
+            f"{', '.join(families)} do); use data.layout=padded"
+        )
+    if config.get("compile_model"):
+        raise BatchLayoutError(
+            "data.layout=packed with compile_model=true: only the padded forward pass is compiled; "
+            "use data.layout=padded to compile, or compile_model=false"
+        )
 
 
 def warm_start(config: Mapping[str, Any]) -> LoadedModel | None:

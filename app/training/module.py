@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 import torch
 
 from app.checkpoint import CHECKPOINT_KEY, translation_payload
-from app.data.batch import Batch
+from app.data.batch import Batch, PackedBatch
 from app.data.corpora import Split
 from app.data.tokenizer import Tokenizer
 from app.inference.directions import direction_scores, mean_scores
@@ -112,8 +112,10 @@ class TranslationModule(pl.LightningModule):
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
 
-    def _losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _losses(self, batch: Batch | PackedBatch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Summed smoothed loss and NLL of one pass; the output layer fused with the loss where it can be."""
+        if isinstance(batch, PackedBatch):
+            return (*self._packed_losses(batch), batch.num_target_tokens)
         split = self.model.output_features(batch.src, batch.tgt_in) if self.fused_loss else None
         if split is None:
             logits = self.model(batch.src, batch.tgt_in)
@@ -127,12 +129,24 @@ class TranslationModule(pl.LightningModule):
             )
         return loss, nll, batch.num_target_tokens
 
+    def _packed_losses(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed smoothed loss and NLL of a packed batch: (Nt, D) states or (Nt, V) logits of real target
+        tokens only. Its targets hold no padding, so the loss's padding test keeps every row."""
+        args = (batch.src, batch.src_segments, batch.tgt_in, batch.tgt_segments)
+        if self.fused_loss:
+            features, output = self.model.packed_output_features(*args)
+            return linear_smoothed_nll(
+                features, output, batch.tgt_out, epsilon=self.label_smoothing, pad_id=self.pad_id
+            )
+        logits = self.model.forward_packed(*args)  # (Nt, V)
+        return label_smoothed_nll(logits, batch.tgt_out, epsilon=self.label_smoothing, pad_id=self.pad_id)
+
     @property
     def passes_per_batch(self) -> int:
         """How many times a training step runs the model over its batch (2 with R-Drop)."""
         return 2 if self.rdrop_alpha > 0 else 1
 
-    def _rdrop_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _rdrop_losses(self, batch: Batch | PackedBatch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """R-Drop (Liang et al. 2021): the batch twice, in one pass, under two dropout masks.
 
         Per target token the loss is half the paper's: (CE_1 + CE_2) / 2 + rdrop_alpha * (KL(p_1||p_2) +
@@ -140,11 +154,16 @@ class TranslationModule(pl.LightningModule):
         and gradient scaling those of one copy: without dropout both copies agree, the KL is 0 and the
         loss is the plain one. It costs a second forward and backward pass per batch.
         """
-        rows = batch.src.size(0)
-        logits = self.model(batch.src.repeat(2, 1), batch.tgt_in.repeat(2, 1))  # (2B, T, V)
-        loss, nll = label_smoothed_nll(
-            logits, batch.tgt_out.repeat(2, 1), epsilon=self.label_smoothing, pad_id=self.pad_id
-        )
+        if isinstance(batch, PackedBatch):
+            rows = batch.num_target_tokens
+            both = batch.twice()
+            logits = self.model.forward_packed(both.src, both.src_segments, both.tgt_in, both.tgt_segments)
+            target = both.tgt_out  # (2Nt,)
+        else:
+            rows = batch.src.size(0)
+            logits = self.model(batch.src.repeat(2, 1), batch.tgt_in.repeat(2, 1))  # (2B, T, V)
+            target = batch.tgt_out.repeat(2, 1)
+        loss, nll = label_smoothed_nll(logits, target, epsilon=self.label_smoothing, pad_id=self.pad_id)
         kl = symmetric_kl(logits[:rows], logits[rows:], batch.tgt_out, pad_id=self.pad_id)
         return loss / 2 + self.rdrop_alpha * kl / 4, nll / 2, batch.num_target_tokens
 
@@ -154,22 +173,35 @@ class TranslationModule(pl.LightningModule):
             return values
         return self.trainer.strategy.reduce(values.clone(), reduce_op="sum")
 
-    def training_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor] | None:
+    def training_step(self, batch: Batch | PackedBatch, batch_idx: int) -> dict[str, torch.Tensor] | None:
         loss, nll, ntok = self._rdrop_losses(batch) if self.passes_per_batch == 2 else self._losses(batch)
-        # (4,) summed over ranks: loss, nll, target tokens, source + target tokens of this step's batches
-        counts = torch.tensor([ntok, batch.num_tokens], dtype=torch.float32, device=loss.device)
-        totals = self._sum_over_ranks(torch.cat([torch.stack([loss.detach().float(), nll.float()]), counts]))
-        if not torch.isfinite(totals[:2]).all():  # the same decision on every rank: the sums are global
-            return self._nonfinite(batch, float(totals[0]))
-        self._tokens_seen += int(totals[3])  # source + target tokens of all ranks
-        self.tokens_trained += int(totals[3])
-        mean_loss = totals[0] / totals[2]
+        sums, (targets, tokens) = self._step_sums(loss, nll, (ntok, batch.num_tokens))
+        if not torch.isfinite(sums).all():  # the same decision on every rank: the sums are global
+            return self._nonfinite(batch, float(sums[0]))
+        self._tokens_seen += tokens  # source + target tokens of all ranks
+        self.tokens_trained += tokens
+        mean_loss = sums[0] / targets
         self.log("train/loss", mean_loss, prog_bar=True, batch_size=ntok)
-        self.log("train/nll", totals[1] / totals[2], batch_size=ntok)
-        self._step_reference = self._step_reference or float(totals[2])
-        self._step_tokens += float(totals[2])
+        self.log("train/nll", sums[1] / targets, batch_size=ntok)
+        self._step_reference = self._step_reference or float(targets)
+        self._step_tokens += float(targets)
         # DDP averages gradients over ranks: world_size / R gives sum-of-losses gradients / R (see the class).
         return {"loss": loss * (self.trainer.world_size / self._step_reference), "token_loss": mean_loss}
+
+    def _step_sums(
+        self, loss: torch.Tensor, nll: torch.Tensor, counts: tuple[int, int]
+    ) -> tuple[torch.Tensor, tuple[int, int]]:
+        """The (2,) loss and NLL sums, and the (target, source + target) token ``counts``, of all ranks.
+
+        The counts are the collator's host ints: a single process reads them as they are, without waiting
+        for the device; several ranks sum them together with the losses, in one reduction.
+        """
+        sums = torch.stack([loss.detach().float(), nll.detach().float()])
+        if self.trainer.world_size == 1:
+            return sums, counts
+        totals = self._sum_over_ranks(torch.cat([sums, sums.new_tensor(counts, dtype=torch.float32)]))
+        targets, tokens = (int(value) for value in totals[2:].tolist())
+        return totals[:2], (targets, tokens)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Make the accumulated gradients those of the token-weighted mean over the step's micro-batches."""
@@ -181,12 +213,12 @@ class TranslationModule(pl.LightningModule):
             if param.grad is not None:
                 param.grad.mul_(factor)
 
-    def _nonfinite(self, batch: Batch, value: float) -> None:
+    def _nonfinite(self, batch: Batch | PackedBatch, value: float) -> None:
         """Stop with the step and batch size in the message, or skip the batch and count it."""
         where = (
-            f"step {self.global_step} (epoch {self.current_epoch}), batch of {batch.src.size(0)} sentences, "
-            f"{batch.num_target_tokens} target tokens, padded sizes src {tuple(batch.src.shape)} "
-            f"tgt {tuple(batch.tgt_out.shape)}"
+            f"step {self.global_step} (epoch {self.current_epoch}), batch of {batch.sentences} sentences, "
+            f"{batch.num_target_tokens} target tokens, {type(batch).__name__} sizes src "
+            f"{tuple(batch.src.shape)} tgt {tuple(batch.tgt_out.shape)}"
         )
         if self.nonfinite_loss == "stop":
             raise NonFiniteLossError(
@@ -215,11 +247,12 @@ class TranslationModule(pl.LightningModule):
             self.log("train/tokens_per_s", self._tokens_seen / max(now - self._clock, 1e-9), prog_bar=True)
             self._tokens_seen, self._clock = 0, now
 
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+    def validation_step(self, batch: Batch | PackedBatch, batch_idx: int) -> None:
+        """The batch's loss (packed or padded, as it comes), then its greedy or beam translations (always
+        decoded on the padded path, from the sources' ids)."""
         loss, nll, ntok = self._losses(batch)
         self._valid_sums += torch.tensor([float(loss), float(nll), ntok], dtype=torch.float64)
-        sources = [row[row != self.pad_id].tolist() for row in batch.src]
-        hyps = self.translator.translate_ids(sources, self.valid_search)
+        hyps = self.translator.translate_ids(batch.source_ids(), self.valid_search)
         self._valid_hyps.update(zip(batch.index.tolist(), hyps, strict=True))
 
     def on_validation_epoch_end(self) -> None:

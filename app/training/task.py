@@ -19,6 +19,7 @@ from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, Mode
 
 from app.attention.registry import AttentionConfigError
 from app.checkpoint import CheckpointError
+from app.data.batch import BatchLayoutError
 from app.data.corpora import Corpora, CorpusLayout
 from app.data.corpus import CorpusError
 from app.data.datamodule import TranslationDataModule
@@ -30,7 +31,14 @@ from app.inference.run_scoring import score_run
 from app.inference.selection import check_selection, validation_monitor
 from app.io import atomic_write
 from app.rundir import BEST, STEP_STEM, RunDir
-from app.training.build import prepare_process, run_model, run_module, run_tokenizers, warm_start
+from app.training.build import (
+    check_batch_layout,
+    prepare_process,
+    run_model,
+    run_module,
+    run_tokenizers,
+    warm_start,
+)
 from app.training.callbacks import (
     BatchSamplerEpoch,
     BatchTrace,
@@ -54,6 +62,7 @@ log = logging.getLogger(__name__)
 # traceback.
 USER_ERRORS = (
     AttentionConfigError,
+    BatchLayoutError,
     CheckpointError,
     CorpusError,
     LanguageError,
@@ -143,6 +152,7 @@ def build_fit(cfg: DictConfig) -> Fit:
     """
     config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     schedule = configured_schedule(config["optim"], config["trainer"].get("max_time"))
+    check_batch_layout(config)
     prepare_process(cfg.output_dir, cfg.seed, cfg.get("num_threads"))
     start = warm_start(config)
     corpora = Corpora.load(config["data"])
