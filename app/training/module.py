@@ -215,10 +215,11 @@ class TranslationModule(pl.LightningModule):
 
     def _nonfinite(self, batch: Batch | PackedBatch, value: float) -> None:
         """Stop with the step and batch size in the message, or skip the batch and count it."""
+        layout = "packed" if isinstance(batch, PackedBatch) else "padded"
         where = (
             f"step {self.global_step} (epoch {self.current_epoch}), batch of {batch.sentences} sentences, "
-            f"{batch.num_target_tokens} target tokens, {type(batch).__name__} sizes src "
-            f"{tuple(batch.src.shape)} tgt {tuple(batch.tgt_out.shape)}"
+            f"{batch.num_target_tokens} target tokens, {layout} sizes src {tuple(batch.src.shape)} "
+            f"tgt {tuple(batch.tgt_out.shape)}"
         )
         if self.nonfinite_loss == "stop":
             raise NonFiniteLossError(
