@@ -161,8 +161,8 @@ class PackedBatch:
 @dataclass(frozen=True)
 class Collator:
     """Adds EOS to sources, BOS/EOS to targets, then pads them (``layout="padded"``: to the longest
-    sequence in the batch, rounded up to a multiple of ``pad_to_multiple``) or packs them
-    (``layout="packed"``, :class:`PackedBatch`; ``pad_to_multiple`` does not apply).
+    sequence in the batch, rounded up to a multiple of ``pad_to_multiple`` but not past ``max_width``) or
+    packs them (``layout="packed"``, :class:`PackedBatch`; ``pad_to_multiple`` does not apply).
 
     Examples are ``(index, src_ids, tgt_ids)`` with ids as lists or numpy arrays (:class:`EncodedPairs`).
     """
@@ -172,6 +172,7 @@ class Collator:
     eos_id: int
     layout: str = "padded"
     pad_to_multiple: int = 1
+    max_width: int | None = None  # the rounding never pads past this (the model's max_positions)
 
     def __post_init__(self) -> None:
         check_layout(self.layout, self.pad_to_multiple)
@@ -198,9 +199,11 @@ class Collator:
         self, rows: list[Sequence[int]], *, prepend: int | None = None, append: int | None = None
     ) -> Tensor:
         """(B, width): each row with one special token before or after it, then padding; width is the
-        longest + 1, rounded up to a multiple of ``pad_to_multiple``."""
-        multiple = self.pad_to_multiple
-        width = -(-(max(map(len, rows)) + 1) // multiple) * multiple
+        longest + 1, rounded up to a multiple of ``pad_to_multiple`` but not past ``max_width``."""
+        longest, multiple = max(map(len, rows)) + 1, self.pad_to_multiple
+        width = -(-longest // multiple) * multiple
+        if self.max_width is not None:  # positions past max_positions would not embed
+            width = max(longest, min(width, self.max_width))
         out = np.full((len(rows), width), self.pad_id, dtype=np.int64)
         start = 0 if prepend is None else 1
         for i, row in enumerate(rows):

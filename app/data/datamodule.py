@@ -102,6 +102,7 @@ class TranslationDataModule(pl.LightningDataModule):
             eos_id=tgt_tokenizer.eos_id,
             layout=layout,
             pad_to_multiple=pad_to_multiple,
+            max_width=max_positions,
         )
         self.datasets: dict[str, EncodedPairs] = {}
         self.dropped_train_pairs = 0

@@ -66,6 +66,8 @@ def test_pad_to_multiple_rounds_the_padded_lengths_up() -> None:
     assert batch.src.shape == (4, 16) and batch.tgt_in.shape == (4, 8)  # 10 -> 16, 8 stays 8
     assert batch.num_tokens == 45 and batch.source_ids() == collate().source_ids()
     assert collate(pad_to_multiple=1).src.shape == (4, 10)
+    # never past the model's max_positions (what the datamodule passes): 10 -> 12, not 16
+    assert collate(pad_to_multiple=8, max_width=12).src.shape == (4, 12)
 
 
 @pytest.mark.parametrize(
