@@ -81,7 +81,7 @@ class FlexAttention(AttentionKernel):
 
     def __init__(self, *, compile: str | bool = "auto") -> None:
         super().__init__()
-        # compile: auto (torch.compile of flex_attention on CUDA, its eager reference elsewhere) | true | false
+        # compile: auto (torch.compile of flex_attention on CUDA, its eager reference else), true, false
         self.compile = flex_ops.check_compile(compile)
 
     def extra_repr(self) -> str:

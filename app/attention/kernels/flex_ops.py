@@ -90,7 +90,9 @@ class MaskCache:
         self._entries: OrderedDict[Hashable, tuple[list[weakref.ref], BlockMask]] = OrderedDict()
         self.built = 0  # block masks built so far (tests and benchmarks read it)
 
-    def get(self, owners: tuple[Tensor, ...], settings: Hashable, build: Callable[[], BlockMask]) -> BlockMask:
+    def get(
+        self, owners: tuple[Tensor, ...], settings: Hashable, build: Callable[[], BlockMask]
+    ) -> BlockMask:
         # inference tensors keep no version counter (and cannot change outside inference mode)
         key = (tuple((id(t), -1 if t.is_inference() else t._version) for t in owners), settings)
         entry = self._entries.get(key)

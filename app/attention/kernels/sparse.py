@@ -256,7 +256,8 @@ class SparseAttention(AttentionKernel):
             )
         _check_flex_dropout(dropout_p)
         s, tk = self.settings, k_segments.longest
-        q_ids, k_ids, q_pos, k_pos = q_segments.ids, k_segments.ids, q_segments.positions, k_segments.positions
+        q_ids, q_pos = q_segments.ids, q_segments.positions
+        k_ids, k_pos = k_segments.ids, k_segments.positions
         table = pattern_table(s, tk=tk, causal=causal, device=q.device)
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -275,22 +276,31 @@ class SparseAttention(AttentionKernel):
         )
         return context[0].transpose(0, 1)  # (Nq, H, Dv)
 
-    def _attend_flex(
-        self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool, dropout_p: float
-    ) -> Tensor:
-        """The pattern (and key padding) as a FlexAttention block mask: q (B, H, Tq, Dh) -> (B, H, Tq, Dv)."""
-        _check_flex_dropout(dropout_p)
-        s, tk, offset = self.settings, k.size(2), k.size(2) - q.size(2)
-        table = pattern_table(s, tk=tk, causal=causal, device=q.device)
+    def flex_mask_mod(
+        self, *, tq: int, tk: int, key_mask: Tensor | None, causal: bool, device: torch.device
+    ) -> flex_ops.MaskMod:
+        """The pattern of a (Tq, Tk) call, with key padding (``key_mask`` (B, Tk)) and causality, as a
+        FlexAttention ``mask_mod``: :func:`pattern_visible` itself, queries at positions i + Tk - Tq."""
+        s, offset = self.settings, tk - tq
+        table = pattern_table(s, tk=tk, causal=causal, device=device)
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             visible = pattern_visible(s, q_idx + offset, kv_idx, tk=tk, causal=causal, table=table)
             return visible if key_mask is None else visible & key_mask[b, kv_idx]
 
+        return mask_mod
+
+    def _attend_flex(
+        self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool, dropout_p: float
+    ) -> Tensor:
+        """The pattern (and key padding) as a FlexAttention block mask: q (B, H, Tq, Dh) -> (B, H, Tq, Dv)."""
+        _check_flex_dropout(dropout_p)
+        tq, tk = q.size(2), k.size(2)
+        mask_mod = self.flex_mask_mod(tq=tq, tk=tk, key_mask=key_mask, causal=causal, device=q.device)
         batch = None if key_mask is None else q.size(0)
         owners = () if key_mask is None else (key_mask,)
-        settings = ("sparse", s, causal)
-        return flex_ops.attend(q, k, v, mask_mod, batch=batch, compile="auto", owners=owners, settings=settings)
+        key = ("sparse", self.settings, causal)
+        return flex_ops.attend(q, k, v, mask_mod, batch=batch, compile="auto", owners=owners, settings=key)
 
     def _attend_block_context(self, *args: object) -> Tensor:
         return self._attend_block(*args)[0]  # type: ignore[arg-type]
@@ -349,6 +359,6 @@ class SparseAttention(AttentionKernel):
 def _check_flex_dropout(dropout_p: float) -> None:
     if dropout_p > 0:
         raise ValueError(
-            f"sparse attention backend=flex cannot apply attention dropout (dropout={dropout_p}; FlexAttention "
-            "has none): set attention.dropout=0, or backend=blockwise"
+            f"sparse attention backend=flex cannot apply attention dropout (dropout={dropout_p}; "
+            "FlexAttention has none): set attention.dropout=0, or backend=blockwise"
         )

@@ -187,4 +187,3 @@ def pattern_covers_all(settings: SparsePattern, tq: int, tk: int) -> bool:
     if s.pattern in _BANDED:
         return max(tq, tk) - 1 <= s.window
     return s.pattern == "fixed" and tq <= tk <= s.stride
-
