@@ -192,7 +192,10 @@ class SparseAttention(AttentionKernel):
         return " ".join(parts)
 
     def scores_per_query(self, length: int, *, head_dim: int) -> int:
-        """Scores of the keys a query block gathers (its band and block), kept with their gradients."""
+        """Scores of the keys a query block gathers (its band and block), kept with their gradients;
+        ``backend=flex``: all of them, as :meth:`FlexAttention.scores_per_query` says why."""
+        if self.backend == "flex":
+            return 4 * length
         return 6 * min(length, 2 * self.settings.window + 2 * self.settings.block)
 
     def forward(
