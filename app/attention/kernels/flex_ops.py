@@ -19,8 +19,9 @@ Three ways to run, one mask definition:
   reference kernel.
 
 Block masks cost a ``mask_mod`` evaluation over the (Tq, Tk) grid (on a GPU, compiled): :class:`MaskCache`
-builds one per forward pass and shares it across layers, keyed by the identity of the tensors that define it
-(the key mask, the segments' ids), which every layer of one pass receives unchanged.
+builds one per forward pass (the CPU's dense masks likewise) and shares it across layers, keyed by the
+identity of the tensors that define it (the key mask, the segments' ids), which every layer of one pass
+receives unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from app.attention.base import rows_with_keys
 from app.attention.registry import AttentionConfigError
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+Mask = BlockMask | Tensor  # a block mask, or the dense bool (B|1, 1, Tq, Tk) form of the CPU's backward path
 # The one warning uncompiled flex_attention gives (once per process): that it is an unfused reference. On
 # the CPU that is what we ask for (tests, CPU runs), so it is silenced there, and only it.
 _UNCOMPILED_WARNING = r"flex_attention called without torch\.compile"
@@ -81,18 +83,16 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
 
 
 class MaskCache:
-    """The last few block masks, keyed by the identity (and version) of the tensors that define them plus
+    """The last few masks, keyed by the identity (and version) of the tensors that define them plus
     the call's shape and settings, so that the layers of one forward pass build a mask once. A dead or
     modified owner tensor never matches, so a new batch builds anew; entries hold the owners weakly."""
 
     def __init__(self, size: int = 16) -> None:
         self.size = size
-        self._entries: OrderedDict[Hashable, tuple[list[weakref.ref], BlockMask]] = OrderedDict()
-        self.built = 0  # block masks built so far (tests and benchmarks read it)
+        self._entries: OrderedDict[Hashable, tuple[list[weakref.ref], Mask]] = OrderedDict()
+        self.built = 0  # masks built so far (tests read it)
 
-    def get(
-        self, owners: tuple[Tensor, ...], settings: Hashable, build: Callable[[], BlockMask]
-    ) -> BlockMask:
+    def get(self, owners: tuple[Tensor, ...], settings: Hashable, build: Callable[[], Mask]) -> Mask:
         # inference tensors keep no version counter (and cannot change outside inference mode)
         key = (tuple((id(t), -1 if t.is_inference() else t._version) for t in owners), settings)
         entry = self._entries.get(key)
@@ -101,6 +101,9 @@ class MaskCache:
             return entry[1]
         mask = build()
         self.built += 1
+        # A batch gone, its dense masks go (a block mask's mask_mod holds its owners: the size bounds those).
+        for stale in [old for old, (refs, _) in self._entries.items() if any(ref() is None for ref in refs)]:
+            del self._entries[stale]
         self._entries[key] = ([weakref.ref(t) for t in owners], mask)
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)
@@ -131,12 +134,15 @@ def attend(
     tq, tk = q.size(2), k.size(2)
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         # No FlexAttention backward on the CPU: the same mask_mod, densely, through SDPA (module docstring).
-        mask = None if mask_mod is None else create_mask(mask_mod, batch, None, tq, tk, device=q.device)
+        mask = None
+        if mask_mod is not None:
+            build_dense = lambda: create_mask(mask_mod, batch, None, tq, tk, device=q.device)  # noqa: E731
+            mask = MASKS.get(owners, ("dense", batch, tq, tk, settings), build_dense)  # (B|1, 1, Tq, Tk)
         return _dense(q, k, v, mask)
     compiled = compiled_on(compile, q.device)
     block_mask = None
     if mask_mod is not None:
-        shape = (batch, tq, tk, q.device, compiled, settings)
+        shape = ("block", batch, tq, tk, q.device, compiled, settings)
 
         def build() -> BlockMask:
             # _compile: build the block mask with a compiled mask_mod, without the dense grid (as PyTorch's
