@@ -6,7 +6,8 @@ autograd (the kernels' forward through ``flex_attention`` itself); the registry-
 test_attention.py check the gradients, which the CPU computes from the same ``mask_mod`` densely. The
 cached-vs-uncached decoding of a tiny Transformer with attention=flex is test_attention_axes.py's
 ``test_every_combination_builds_and_decodes_with_its_cache[flex-*]``; packed against padded at every site
-with autograd is test_segments.py's ``flex`` and ``sparse_flex`` entries.
+with autograd is test_segments.py's ``flex`` and ``sparse_flex`` entries. The compiled kernel (CUDA only)
+has the last test, skipped without a GPU.
 """
 
 from __future__ import annotations
@@ -119,3 +120,45 @@ def test_flex_options_and_refusals_name_the_valid_choices() -> None:
         build_kernel("sparse", window=1, backend="flex")(q, k, v, key_mask=key_mask, dropout_p=0.1)
     with pytest.raises(ValueError, match=r"flex kernel cannot apply attention dropout"):
         build_kernel("flex")(q, k, v, key_mask=key_mask, dropout_p=0.1)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the compiled FlexAttention kernel)"
+)
+def test_compiled_flex_on_the_gpu_equals_eager_with_gradients() -> None:
+    """What the CPU cannot run: flex_attention compiled (compile=auto on CUDA), forward and backward, padded
+    and packed, and the window as block sparsity; bf16 against eager's float32 on the same inputs. Lengths
+    over one 128-tile and not a multiple of it, so tiles are skipped and the last one is partial."""
+    gen = torch.Generator().manual_seed(0)
+    lengths, tk = torch.tensor([300, 77]), 300
+    q = torch.randn(2, 4, tk, 64, generator=gen)
+    k, v = (torch.randn(2, 2, tk, 64, generator=gen) for _ in range(2))
+    key_mask = (torch.arange(tk)[None, :] < lengths[:, None]).cuda()
+    runs = {  # name: (kernel, reference, causal)
+        "padding": (build_kernel("flex"), build_kernel("eager"), False),
+        "causal": (build_kernel("flex"), build_kernel("eager"), True),
+        "window": (
+            build_kernel("sparse", window=40, backend="flex"),
+            build_kernel("sparse", window=40),
+            True,
+        ),
+    }
+    for name, (kernel, reference, causal) in runs.items():
+        ours = [t.cuda().bfloat16().requires_grad_() for t in (q, k, v)]
+        theirs = [t.cuda().requires_grad_() for t in (q, k, v)]
+        got = kernel(*ours, key_mask=key_mask, causal=causal).context
+        want = reference(*theirs, key_mask=key_mask, causal=causal).context
+        torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2, msg=lambda m, n=name: f"{n}: {m}")
+        grads = torch.autograd.grad(got.float().sum(), ours)
+        for g, r in zip(grads, torch.autograd.grad(want.sum(), theirs), strict=True):
+            torch.testing.assert_close(g.float(), r, rtol=5e-2, atol=5e-2, msg=lambda m, n=name: f"{n}: {m}")
+    segments = Segments.of_lengths([130, 7, 250], device="cuda")
+    packed = [torch.randn(segments.tokens, heads, 64, device="cuda") for heads in (4, 2, 2)]  # q, k, v
+    for causal in (False, True):
+        got = build_kernel("flex").forward_packed(
+            *(t.bfloat16() for t in packed), q_segments=segments, k_segments=segments, causal=causal
+        )
+        want = build_kernel("eager").forward_packed(
+            *packed, q_segments=segments, k_segments=segments, causal=causal
+        )
+        torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
