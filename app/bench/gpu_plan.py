@@ -3,13 +3,14 @@ file it leaves for the report.
 
 In order, so that what matters most runs first when the time runs short: the machine and versions
 (``env``), the carried wheels where imports fail (``install``), the GPU tests (every test whose skip
-marker asks for CUDA or a GPU, found here by reading the test files), issue 48's training benchmark rows
-(one process per attention kernel: ``experiment=multi30k_transformer model=transformer``, bf16, batches of
-16,384 and 65,536 tokens, in each layout the data config offers), the attention benchmark at 16,384
-tokens, ``compile_model=true`` with its warm-up, a short training that ends with test BLEU, and a row of
-the length benchmark (K=256). Kernels and layouts are read from the checkout: ``attention=flex`` runs
-where ``conf/attention/flex.yaml`` exists, ``data.layout=packed`` where the data config has a ``layout``
-key, the attention benchmark's flex cases where ``app/bench/attention_cases.py`` lists them.
+marker asks for CUDA or a GPU, found here by reading the test files), the attention benchmark at 16,384
+tokens, issue 48's training benchmark rows (one process per attention kernel:
+``experiment=multi30k_transformer model=transformer``, bf16, batches of 16,384 and 65,536 tokens, in
+each layout the data config offers), ``compile_model=true`` with its warm-up, a short training that ends
+with test BLEU, and a row of the length benchmark (K=256). Kernels and layouts are read from the
+checkout: ``attention=flex`` runs where ``conf/attention/flex.yaml`` exists, ``data.layout=packed`` where
+the data config has a ``layout`` key, the attention benchmark's flex cases where
+``app/bench/attention_cases.py`` lists them.
 
 ``--tiny`` (with ``--device cpu``) builds the same steps at a tiny size on the test corpus
 (tests/fixtures/multi30k): what the tests run. Nothing here imports more than the standard library, so
@@ -265,8 +266,9 @@ def plan(s: Settings) -> list[Step]:
     kernels = s.kernels or detected_kernels(s.root)
     env = [s.python, "-m", "app.bench.gpu_env", "--out", str(s.work / "env.json")]
     steps = [Step("env", "env", env, box_s=60, min_s=5, output="env.json"), install_step(s), tests_step(s)]
+    steps.append(attention_step(s))  # seconds, and no corpus to prepare
     steps += [train_step(s, kernel, first=i == 0) for i, kernel in enumerate(kernels)]
-    steps += [attention_step(s), compile_step(s), short_train_step(s), length_step(s, kernels)]
+    steps += [compile_step(s), short_train_step(s), length_step(s, kernels)]
     return steps
 
 

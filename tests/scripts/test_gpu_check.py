@@ -30,7 +30,7 @@ def gpu_settings(tmp_path: Path, root: Path = REPO_ROOT) -> Settings:
 def test_on_a_gpu_the_plan_measures_the_issues_rows_after_the_gpu_tests(tmp_path: Path) -> None:
     steps = {step.name: step for step in gpu_plan.plan(gpu_settings(tmp_path))}
     kernels = gpu_plan.detected_kernels()
-    assert list(steps)[:3] == ["env", "install", "tests"]
+    assert list(steps)[:4] == ["env", "install", "tests", "attention"]
     assert [name for name in steps if name.startswith("train:")] == [f"train:{k}" for k in kernels]
     assert kernels[:3] == ("eager", "sdpa", "flash")
     eager = steps["train:eager"].command
