@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,16 +30,9 @@ BASE_KERNELS = ("eager", "sdpa", "flash")  # the issue's table
 OPTIONAL_KERNELS = ("flex",)  # measured where the checkout has them
 ATTENTION_CASES = ("eager", "sdpa", "sparse_window256")  # the issue's one-layer row at 16,384 tokens
 CHECK_TESTS = ("slow or not slow",)
-# What the install step imports first: where one fails, the carried wheels are installed.
-CHECK_IMPORTS = (
-    "hydra",
-    "omegaconf",
-    "datasets",
-    "sacremoses",
-    "pytorch_lightning",
-    "sentencepiece",
-    "sacrebleu",
-)
+# What the carried wheels provide (app/bench/gpu_bundle.py's BUNDLE): the install step looks for these
+# modules, installs the wheels where one is missing, then imports them all.
+CHECK_IMPORTS = ("hydra", "omegaconf", "datasets", "sacremoses")
 
 
 @dataclass(frozen=True)
@@ -248,15 +242,22 @@ def tests_step(s: Settings) -> Step:
 
 
 def install_step(s: Settings) -> Step:
-    """Where the project's imports fail, the carried wheels into ``s.site`` (on the steps' PYTHONPATH)."""
-    probe = f"{s.python} -c 'import {', '.join(s.imports)}'"
-    wheels = f"{s.wheels}/*.whl"
+    """Where a module the wheels provide is missing, the carried wheels into ``s.site`` (first on every
+    step's PYTHONPATH), then an import of each: a wheel that does not fit the image fails here, by name."""
+    python, site = shlex.quote(s.python), shlex.quote(str(s.site))
+    wheels = f"{shlex.quote(str(s.wheels))}/*.whl"
+    names = " ".join(s.imports)
+    find = (
+        f'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in "{names}".split()))'
+    )
+    load = f'import {", ".join(s.imports)}; print("imported {names}")'
+    pip = f"{python} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade"
     script = (
-        f"if {probe} 2>/dev/null; then echo 'imports ok: nothing to install'; exit 0; fi; "
-        f"ls {wheels} >/dev/null 2>&1 || {{ echo 'error: imports fail and {s.wheels} holds no wheels "
-        f"(make gpu-bundle here, then carry .whl)'; {probe}; exit 1; }}; "
-        f"{s.python} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
-        f"--target {s.site} {wheels} && {probe} && echo installed $(ls {wheels} | wc -l) wheels into {s.site}"
+        f"if {python} -c {shlex.quote(find)}; then echo 'found {names}: nothing to install'; exit 0; fi; "
+        f"ls {wheels} >/dev/null 2>&1 || {{ echo 'error: {names} missing and no wheels in {s.wheels} "
+        "(make gpu-bundle, then carry .whl)'; exit 1; }; "
+        f"{pip} --target {site} {wheels} && echo installed $(ls {wheels} | wc -l) wheels into {site} && "
+        f"{python} -c {shlex.quote(load)}"
     )
     return Step("install", "install", ["bash", "-c", script], box_s=90, min_s=10)
 

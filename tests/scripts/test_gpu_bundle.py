@@ -13,6 +13,7 @@ from helpers.training import REPO_ROOT
 
 from app.bench import gpu_bundle
 from app.bench.gpu_bundle import BUNDLE, IMAGE_PACKAGES, normalize
+from app.bench.gpu_plan import CHECK_IMPORTS
 
 
 def test_the_bundle_carries_what_the_check_imports_and_the_image_lacks() -> None:
@@ -20,6 +21,7 @@ def test_the_bundle_carries_what_the_check_imports_and_the_image_lacks() -> None
     assert gpu_bundle.uncovered(needed) == {}
     assert {"hydra", "omegaconf", "datasets", "sacremoses", "torch", "pytorch_lightning"} <= set(needed)
     assert not {normalize(name) for name in BUNDLE} & IMAGE_PACKAGES  # nothing carried that is there
+    assert {needed[module] for module in CHECK_IMPORTS} <= set(BUNDLE)  # the install step looks for those
     imported = set(needed.values())
     required = {
         normalize(r.split(";")[0].split("=")[0].split("<")[0].split(">")[0].strip())

@@ -129,6 +129,28 @@ def test_a_failing_or_overrunning_step_is_recorded_and_the_next_one_runs(tmp_pat
     assert "===== works: ok\n$ " in (tmp_path / "out" / "log.txt").read_text()
 
 
+def test_the_install_step_installs_only_where_a_module_is_missing(tmp_path: Path) -> None:
+    """Here every module the wheels provide is found: nothing installed. A missing one with no wheels
+    carried fails the step, naming the module and the fix."""
+    here = Settings(device="cpu", tiny=True, work=tmp_path, python=sys.executable)
+    outcome = gpu_check.run_step(gpu_plan.install_step(here), here, tmp_path / "here.log", 60)
+    assert outcome.status == "ok"
+    assert (tmp_path / "here.log").read_text().endswith("datasets sacremoses: nothing to install\n")
+    bare = Settings(
+        device="cpu",
+        tiny=True,
+        work=tmp_path,
+        python=sys.executable,
+        wheels=tmp_path / "none",
+        imports=("hydra", "no_such_module_here"),
+    )
+    outcome = gpu_check.run_step(gpu_plan.install_step(bare), bare, tmp_path / "bare.log", 60)
+    assert outcome.status == "failed" and outcome.tail[-1] == (
+        f"error: hydra no_such_module_here missing and no wheels in {tmp_path / 'none'} "
+        "(make gpu-bundle, then carry .whl)"
+    )
+
+
 def test_a_tiny_check_on_the_cpu_runs_its_steps_for_real_and_reports(tmp_path: Path) -> None:
     """scripts/gpu_check.sh at a tiny size on the CPU, one real step (the attention benchmark): its
     rows, timed by the product, reach report.json and report.md, and OUTDIR holds the three files."""
@@ -165,8 +187,10 @@ def test_the_report_names_the_machine_and_compares_compile_with_eager_mode(tmp_p
         "warmup_s": 42.5,
     }
     (tmp_path / "compile.jsonl").write_text(json.dumps(compiled | {"tokens_per_s": 130}) + "\n")
-    outcomes = [Outcome("train:eager", "train", "ok", output="train_eager.jsonl"),
-                Outcome("compile", "compile", "ok", output="compile.jsonl")]  # fmt: skip
+    outcomes = [
+        Outcome("train:eager", "train", "ok", output="train_eager.jsonl"),
+        Outcome("compile", "compile", "ok", output="compile.jsonl"),
+    ]
     settings = Settings(device="cpu", tiny=True, work=tmp_path)
     report = write_report(tmp_path / "out", outcomes, settings, elapsed=1.0, budget_s=330, argv=["OUT"])
     assert report["compile"][0]["x_eager"] == 1.3 and report["compile"][0]["warmup_s"] == 42.5
