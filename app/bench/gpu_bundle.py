@@ -303,7 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = travelling_bytes(REPO_ROOT, [p for p in args.carry if (REPO_ROOT / p).exists()])
     for path in args.carry:
         if not (REPO_ROOT / path).exists():
-            print(f"note: {path} is not here{' (make data prepares it)' if path.startswith('data/') else ''}")
+            why = (
+                " (make data prepares it: the check's training steps read it)"
+                if path.startswith("data/")
+                else ""
+            )
+            print(f"note: {path} is not here{why}")
     total = sum(sizes.values())
     print(", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in sizes.items()), end="")
     print(f"; in all {total / 2**20:.1f} MiB of the device tool's {DEVICE_LIMIT_MIB} MiB")

@@ -111,15 +111,18 @@ def attention_cases(root: Path = REPO_ROOT) -> list[str]:
     """The attention benchmark's cases to run: the issue's three, then every case of a flex kernel that
     ``app/bench/attention_cases.py`` lists (read, not imported: torch is not needed to plan)."""
     tree = ast.parse((root / "app" / "bench" / "attention_cases.py").read_text(encoding="utf-8"))
-    flex = [
-        node.args[0].value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and ast.unparse(node.func) == "KernelCase"
-        and len(node.args) >= 2
-        and all(isinstance(a, ast.Constant) for a in node.args[:2])
-        and "flex" in f"{node.args[0].value} {node.args[1].value}"
-    ]
+    flex = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "KernelCase":
+            given = dict(zip(("name", "kernel"), node.args, strict=False))
+            given |= {k.arg: k.value for k in node.keywords if k.arg in ("name", "kernel")}
+            values = [v.value for v in given.values() if isinstance(v, ast.Constant)]
+            if (
+                "name" in given
+                and isinstance(given["name"], ast.Constant)
+                and "flex" in " ".join(map(str, values))
+            ):
+                flex.append(given["name"].value)
     return [*ATTENTION_CASES, *dict.fromkeys(flex)]
 
 

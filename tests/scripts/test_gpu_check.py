@@ -89,7 +89,8 @@ def test_flex_and_the_packed_layout_are_measured_once_a_checkout_has_them(tmp_pa
     (root / "conf/attention/flex.yaml").write_text("kernel: flex\n")
     (root / "conf/data/multi30k.yaml").write_text("dir: data/multi30k\nlayout: padded   # padded | packed\n")
     with (root / "app/bench/attention_cases.py").open("a") as handle:
-        handle.write('\nFLEX = [KernelCase("flex_window256", "flex", {"window": 256})]\n')
+        handle.write('\nFLEX = [KernelCase("flex_window256", "flex", {"window": 256}),\n')
+        handle.write('        KernelCase(name="flex_causal", kernel="flex")]\n')
     steps = {s.name: s for s in gpu_plan.plan(gpu_settings(tmp_path, root))}
     assert "data.layout=padded,packed" in steps["train:flex"].command  # padded rows first
     assert (
