@@ -10,7 +10,8 @@ RUN_DIR ?= runs/quickstart
 RECIPE ?=
 
 .PHONY: help install browser data demo test test-unit test-fast lint format bench bench-engines bench-train bench-decode \
-	ablation-gpu ablation-cpu ablation-length ablation-length-ft ablation-uptrain ablation-rnn clean
+	ablation-gpu ablation-cpu ablation-length ablation-length-ft ablation-uptrain ablation-rnn \
+	gpu-bundle gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -79,6 +80,16 @@ bench-engines: install  ## decoding speed and BLEU of CKPT: torch fp32/bf16 agai
 
 bench-train: install  ## training tokens/s and peak memory of the quickstart config (BENCH_ARGS: more overrides)
 	$(PY) scripts/bench_train.py experiment=quickstart $(BENCH_ARGS)
+
+# The GPU check (issue 48) for whoever is lent a GPU for a few minutes: `make gpu-bundle` here fetches the
+# wheels the GPU machine's image lacks into .whl/ (git-ignored) and prints the device tool's call, which
+# carries .whl and data/multi30k and runs `bash scripts/gpu_check.sh $OUT` there (docs/throughput.md).
+gpu-bundle: data  ## fetch the wheels the GPU check needs on a lent GPU into .whl/; sizes and the run call
+	$(PY) scripts/gpu_bundle.py
+
+GPU_CHECK_OUT ?= runs/gpu-check
+gpu-check:  ## on a GPU: its tests, issue 48's benchmark rows, a short training; one report in GPU_CHECK_OUT (<6 min)
+	bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 # Where an ablation sweep writes (fixed once per make call, so both multiruns of ablation-gpu share it).
 SWEEP := $(or $(SWEEP),multirun/ablation/$(shell date +%Y-%m-%d_%H-%M-%S))

@@ -14,4 +14,6 @@ train config bounded to a benchmark (:mod:`app.bench.runs`), medians of repeated
     timing.py     repository paths, medians of timed calls, rates over windows of steps (torch only)
     runs.py       the bounded train config and StepClock, the training-step clock
     memory.py     peak and anonymous RSS, peak bytes of one call (CUDA statistics or the CPU profiler)
+    gpu_check.py  the GPU check in one command (+ gpu_plan.py its steps, gpu_report.py and gpu_markdown.py
+                  its report, gpu_env.py the machine); gpu_bundle.py the wheels it carries to a lent GPU
 """

@@ -6,8 +6,9 @@ and per-step time and cache size of incremental decoding with a KV cache versus 
     python scripts/bench_attention.py --device cpu --lengths 64 128 --repeats 1 --decode-lengths 8 16  # smoke
 
 Layer: :class:`app.attention.MultiHeadAttention` self-attention (batch 1, d_model 512, 8 heads by default)
-with the kernels eager, sdpa, flash (backend auto: flash-attn or PyTorch's fused backends on a GPU), sparse
-(sliding window 256), linear (elu and FAVOR+ feature maps) and GQA (8 query / 2 kv heads, sdpa): the
+with the kernels eager, sdpa, flash (backend auto: flash-attn or PyTorch's fused backends on a GPU), flex
+(FlexAttention, compiled on CUDA), sparse (sliding window 256, blockwise and as FlexAttention block
+sparsity), linear (elu and FAVOR+ feature maps) and GQA (8 query / 2 kv heads, sdpa): the
 :class:`~app.bench.attention_cases.KernelCase` list in :mod:`app.bench.attention_cases`.
 Times are medians over ``--repeats`` runs after ``--warmup`` runs. Peak memory is what one forward+backward
 adds on top of the inputs, weights and weight gradients: ``torch.cuda.max_memory_allocated`` on CUDA, the

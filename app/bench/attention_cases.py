@@ -39,7 +39,13 @@ TRAIN_CASES = [
     KernelCase("eager", "eager"),
     KernelCase("sdpa", "sdpa"),
     KernelCase("flash", "flash", {"backend": "auto"}),
+    # FlexAttention (compiled on CUDA; on a CPU fwd+bwd runs its dense fallback, see kernels/flex_ops.py)
+    KernelCase("flex", "flex"),
     KernelCase("sparse_window256", "sparse", {"pattern": "sliding_window", "window": 256}),
+    # the same window as FlexAttention block sparsity: 128 x 128 tiles outside the band are skipped
+    KernelCase(
+        "sparse_window256_flex", "sparse", {"pattern": "sliding_window", "window": 256, "backend": "flex"}
+    ),
     KernelCase(
         "sparse_window256_recompute",
         "sparse",

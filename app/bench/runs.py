@@ -19,9 +19,10 @@ from app.training.distributed import register_resolvers
 
 
 class StepClock(pl.Callback):
-    """Per training step, after the optimizer step: when it ended, its real and padded token counts, its
-    model FLOPs (a model whose FLOPs can be counted, e.g. not an RNN), and optionally the largest
-    anonymous RSS seen at a step's end; also when the first batch arrived (the run's start-up time).
+    """Per training step, after the optimizer step: when it ended, its real (all, and target side) and
+    padded token counts, its model FLOPs (a model whose FLOPs can be counted, e.g. not an RNN), and
+    optionally the largest anonymous RSS seen at a step's end; also when the first batch arrived (the
+    run's start-up time).
 
     ``flops=False`` skips the FLOP count (the data benchmark needs none); ``anon_rss=True`` reads
     ``/proc/self/status`` at every step's end (the data benchmark's memory figure).
@@ -32,6 +33,7 @@ class StepClock(pl.Callback):
         self.first_batch: float | None = None
         self.ends: list[float] = []
         self.tokens: list[int] = []
+        self.target_tokens: list[int] = []  # the target side's real tokens (what fairseq and NVIDIA report)
         self.padded: list[int] = []
         self.flops: list[int] = []
         self.peak_anon_mb: int | None = None
@@ -52,6 +54,7 @@ class StepClock(pl.Callback):
     ) -> None:
         self.ends.append(time.perf_counter())
         self.tokens.append(batch.num_tokens)
+        self.target_tokens.append(batch.num_target_tokens)
         self.padded.append(batch.slots)
         model = pl_module.model
         if self.count_flops and supports_flop_count(model):

@@ -11,9 +11,12 @@ ends. The run trains for ``--warmup-steps`` untimed steps (allocator and
 oneDNN warm-up, compilation), then ``--windows`` windows of ``--window-steps`` optimizer steps each;
 the figure is the median of the windows' rates, so a burst of other work on the machine moves one
 window, not the result. Tokens are real source + target tokens (no padding), as in train/tokens_per_s
-and the peers' reports. Nothing is validated or checkpointed.
+and the peers' reports; ``target_tokens_per_s`` counts the target side alone, the unit fairseq and
+NVIDIA's Transformer anchors report. ``warmup_s`` is the time from the first batch to the end of the
+untimed steps (where ``compile_model=true`` compiles). Nothing is validated or checkpointed.
 
-MFU (model FLOP utilisation) = model FLOPs per second / measured matrix-product peak. Model FLOPs are
+MFU (model FLOP utilisation) = model FLOPs per second (``model_tflops``, the achieved TFLOP/s) / measured
+matrix-product peak. Model FLOPs are
 counted from the model's shapes on the real lengths of every batch (``app/models/flops.py``: 3 x the
 forward pass, dense attention, padding excluded; doubled under R-Drop, which runs the model twice over
 each batch while its tokens count once). The peak is the best of a bf16 and an fp32 matrix product
@@ -26,7 +29,9 @@ and ``mfu_bf16`` are null and the summary says ``n/a: no fast bf16 on this CPU``
 summary, or with ``--json`` one JSON object (``--out`` also appends it to a JSON-lines file).
 ``--table FILE...`` prints earlier ``--out`` files as one Markdown table instead of measuring. A
 configuration that runs out of GPU memory is a result too (the longest input a kernel fits): it is
-printed and written with an ``error`` instead of figures, and the command still succeeds.
+printed and written with an ``error`` instead of figures, and the command still succeeds. With
+``--keep-going`` any other failure of a configuration is written the same way and the sweep goes on to
+the next one; the command then exits with status 1.
 ``--profile N`` records N more steps with ``torch.profiler`` and prints its operator table (stderr).
 """
 
@@ -39,6 +44,7 @@ import json
 import statistics
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +166,7 @@ def measure(
         after = peak_tflops(device, peak_size)
     peaks = best_peaks(before, after)
     rates = window_rates(clock.tokens, clock.ends, warmup, windows, size)
+    target_rates = window_rates(clock.target_tokens, clock.ends, warmup, windows, size)
     precision = str(run.trainer.precision)
     return {
         "overrides": overrides,
@@ -172,6 +179,8 @@ def measure(
         "parameters": run.module.model.num_parameters(),
         "tokens_per_s": round(statistics.median(rates)),
         "tokens_per_s_windows": [round(r) for r in rates],
+        "target_tokens_per_s": round(statistics.median(target_rates)),
+        "warmup_s": None if clock.first_batch is None else round(clock.ends[warmup] - clock.first_batch, 2),
         **utilisation(clock, precision, peaks, warmup, windows, size),
         **{f"peak_{dtype}_tflops": None if peak is None else round(peak, 4) for dtype, peak in peaks.items()},
         "real_token_fraction": round(sum(clock.tokens) / sum(clock.padded), 3),
@@ -191,8 +200,14 @@ def machine() -> dict[str, Any]:
 def out_of_memory(overrides: list[str], err: BaseException) -> dict[str, Any]:
     """The result of a configuration that ran out of memory while training: a finding of the benchmark
     (the longest input a kernel fits), recorded with the error's first line instead of figures."""
+    return failed(overrides, err, "out of memory")
+
+
+def failed(overrides: list[str], err: BaseException, what: str | None = None) -> dict[str, Any]:
+    """A configuration's result recorded as an error instead of figures: ``what`` (default: the error's
+    type) and the error's first line."""
     first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return {"overrides": overrides, "error": f"out of memory: {first_line[:200]}", **machine()}
+    return {"overrides": overrides, "error": f"{what or type(err).__name__}: {first_line[:200]}", **machine()}
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -201,14 +216,22 @@ def summary(result: dict[str, Any]) -> str:
         where = f"{result['device']}, {result['cpu_model']}"
         return f"{' '.join(result['overrides'])}: {result['error']} ({where})"
     mfu = "n/a" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"
+    tflops = "n/a" if result["model_tflops"] is None else f"{result['model_tflops']:.4g}"
+    target = result.get("target_tokens_per_s")
+    target = "" if target is None else f" ({target:,} target)"
     bf16 = result["peak_bf16_tflops"]
     if bf16 is None:
         bf16 = NO_PEAK if result.get("device", "cpu") == "cpu" else "n/a: no fast bf16 on this GPU"
     return (
-        f"{result['tokens_per_s']:,} tokens/s, {result['model_tflops']} model TFLOP/s, MFU {mfu} "
+        f"{result['tokens_per_s']:,} tokens/s{target}, achieved {tflops} TFLOP/s, MFU {mfu} "
         f"(peaks bf16 {bf16} / fp32 {result['peak_fp32_tflops']} TFLOP/s, "
         f"{result['threads']} threads, {result['cpu_model']}), peak RSS {result['peak_rss_mb']} MB"
     )
+
+
+def error_label(error: str) -> str:
+    """What a table says in place of a failed configuration's figures."""
+    return "OOM" if error.startswith("out of memory") else "failed"
 
 
 def results_table(paths: list[Path]) -> str:
@@ -216,7 +239,7 @@ def results_table(paths: list[Path]) -> str:
 
     Rows keep the first-seen order of (file, overrides); each cell lists that configuration's runs, so
     alternating rounds written to the same files read side by side. A run that ran out of memory reads
-    "OOM" in the tokens/s column.
+    "OOM" in the tokens/s column, one that failed otherwise (``--keep-going``) "failed".
     """
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for path in paths:
@@ -227,21 +250,23 @@ def results_table(paths: list[Path]) -> str:
 
     def cells(runs: list[dict[str, Any]], key: str, scale: float, digits: int) -> str:
         return ", ".join(
-            "OOM" if "error" in run else f"{run[key] * scale:,.{digits}f}"
+            error_label(run["error"]) if "error" in run else f"{run[key] * scale:,.{digits}f}"
             for run in runs
             if ("error" in run and key == "tokens_per_s") or run.get(key)  # null or 0 (no GPU): left out
         )
 
     lines = [
-        "| file | overrides | tokens/s | MFU vs bf16 peak (%) | peak bf16 TFLOP/s | peak RSS MB "
-        "| peak GPU MB | device | CPU |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| file | overrides | tokens/s | target tokens/s | achieved TFLOP/s | MFU vs bf16 peak (%) "
+        "| peak bf16 TFLOP/s | peak RSS MB | peak GPU MB | device | CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, overrides), runs in rows.items():
         figures = [
             cells(runs, key, scale, digits)
             for key, scale, digits in [
                 ("tokens_per_s", 1, 0),
+                ("target_tokens_per_s", 1, 0),
+                ("model_tflops", 1, 3),
                 ("mfu_bf16", 100, 1),
                 ("peak_bf16_tflops", 1, 3),
                 ("peak_rss_mb", 1, 0),
@@ -264,6 +289,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window-steps", type=int, default=30, help="optimizer steps per window")
     parser.add_argument("--out", type=Path, default=None, help="also append the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="record a configuration that fails as an error and go on to the next (exit status 1 at the end)",
+    )
     parser.add_argument(
         "--profile",
         type=int,
@@ -313,15 +343,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(results_table(args.table))
         return 0
+    failures = 0
     for overrides in sweep(args.overrides):
-        result = measure(
-            overrides,
-            args.warmup_steps,
-            args.windows,
-            args.window_steps,
-            args.profile,
-            peak_size=args.peak_size,
-        )
+        try:
+            result = measure(
+                overrides,
+                args.warmup_steps,
+                args.windows,
+                args.window_steps,
+                args.profile,
+                peak_size=args.peak_size,
+            )
+        except Exception as err:
+            if not args.keep_going:
+                raise
+            traceback.print_exc()  # the whole story on stderr; the result keeps its first line
+            result, failures = failed(overrides, err), failures + 1
         table = result.pop("profile", "")
         line = json.dumps(result)
         print(line if args.json else summary(result), flush=True)
@@ -334,4 +371,4 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()  # the next configuration starts from an empty device
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return 0
+    return 1 if failures else 0

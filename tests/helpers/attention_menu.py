@@ -22,6 +22,12 @@ ATTENTION: dict[str, dict[str, Any]] = {
         "options": {"pattern": "sliding_window", "window": 2},
         "sites": EAGER_CROSS,
     },
+    "flex": {"kernel": "flex"},
+    "sparse_flex": {  # the sliding window as FlexAttention block sparsity
+        "kernel": "sparse",
+        "options": {"pattern": "sliding_window", "window": 2, "backend": "flex"},
+        "sites": EAGER_CROSS,
+    },
     "linformer": {"kernel": "eager", "sites": {"cross": {"kernel": "linformer", "options": {"k": 4}}}},
     "linear": {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}},
     "lsh": {

@@ -91,7 +91,7 @@ def test_rnn_attention_on_the_transformer_stops_with_the_valid_choices(option: s
     with pytest.raises(
         AttentionConfigError,
         match=r"belongs to the rnn model family and does not fit model=transformer; valid kernels for "
-        r"model=transformer: eager \| flash \| linear \| linformer \| lsh \| sdpa \| sparse",
+        r"model=transformer: eager \| flash \| flex \| linear \| linformer \| lsh \| sdpa \| sparse",
     ):
         build(f"attention={option}", *SMALL_MODEL, tmp_path=tmp_path)
 

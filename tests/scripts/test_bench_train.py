@@ -14,6 +14,7 @@ from helpers.training import tiny_overrides, write_corpus_slice
 
 import app.hardware
 from app.bench import training as bench
+from app.bench.gpu_report import bench_rows
 from app.training.task import build_fit
 
 PEAK = ["--peak-size", "512"]  # the peak's product: big enough to be steady, a 16th of 2048^2's work
@@ -68,6 +69,8 @@ def test_bench_train_reports_median_throughput_and_memory(
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == json.loads(out.read_text())
     assert len(printed["tokens_per_s_windows"]) == 3
+    assert 0 < printed["target_tokens_per_s"] < printed["tokens_per_s"]  # the target side's share
+    assert printed["warmup_s"] > 0  # first batch to the end of the untimed step
     assert sorted(printed["tokens_per_s_windows"])[1] == printed["tokens_per_s"] > 0
     assert 0 < printed["model_tflops"] < printed["peak_fp32_tflops"] * 1.5
     # mfu and model_tflops unrounded (a tiny model's would round to 0); the peak printed to 4 decimals
@@ -100,6 +103,7 @@ def test_table_lists_each_configuration_of_each_file_with_its_runs_in_order(
 ) -> None:
     def line(overrides: list[str], tokens: int, mfu: float) -> str:
         fields = {"tokens_per_s": tokens, "mfu_bf16": mfu, "peak_bf16_tflops": 0.5, "peak_rss_mb": 1200}
+        fields |= {"target_tokens_per_s": tokens // 2, "model_tflops": 0.5 * mfu}
         return json.dumps({"overrides": overrides, **fields, "cpu_model": "Some CPU"})
 
     before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
@@ -108,9 +112,16 @@ def test_table_lists_each_configuration_of_each_file_with_its_runs_in_order(
     assert bench.main(["--table", str(before), str(after)]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
     assert len(rows) == 5  # header, rule, three (file, overrides) rows
-    assert rows[2] == "| before.jsonl | `experiment=a` | 100 | 10.0 | 0.500 | 1,200 |  | cpu | Some CPU |"
-    assert rows[3].startswith("| before.jsonl | `experiment=b` | 50 | 20.0 |")
-    assert rows[4].startswith("| after.jsonl | `experiment=a` | 150, 170 | 15.0, 17.0 |")
+    assert rows[0].startswith(
+        "| file | overrides | tokens/s | target tokens/s | achieved TFLOP/s | MFU vs bf16"
+    )
+    assert rows[2] == (
+        "| before.jsonl | `experiment=a` | 100 | 50 | 0.050 | 10.0 | 0.500 | 1,200 |  | cpu | Some CPU |"
+    )
+    assert rows[3].startswith("| before.jsonl | `experiment=b` | 50 | 25 | 0.100 | 20.0 |")
+    assert rows[4].startswith(
+        "| after.jsonl | `experiment=a` | 150, 170 | 75, 85 | 0.075, 0.085 | 15.0, 17.0 |"
+    )
 
 
 def test_the_summary_names_the_headline_figures() -> None:
@@ -125,7 +136,8 @@ def test_the_summary_names_the_headline_figures() -> None:
         "peak_rss_mb": 900,
     }
     line = bench.summary(result)
-    assert "1,234 tokens/s" in line and "MFU 10.0%" in line and "Some CPU" in line
+    assert "1,234 tokens/s, achieved 0.05 TFLOP/s, MFU 10.0%" in line and "Some CPU" in line
+    assert "1,234 tokens/s (617 target), " in bench.summary(result | {"target_tokens_per_s": 617})
 
 
 def test_without_fast_bf16_the_peak_and_mfu_against_it_are_absent(avx2_only: list[torch.dtype]) -> None:
@@ -176,8 +188,8 @@ def test_running_out_of_memory_is_a_result_listed_as_oom(
         handle.write(json.dumps({"overrides": ["x=1"], "tokens_per_s": 10, "peak_cuda_mb": 512}) + "\n")
     assert bench.main(["--table", str(out)]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
-    assert rows[2].startswith(f"| oom.jsonl | `{' '.join(overrides)}` | OOM |  |  |  |  | cpu |")
-    assert rows[3] == "| oom.jsonl | `x=1` | 10 |  |  |  | 512 | cpu |  |"
+    assert rows[2].startswith(f"| oom.jsonl | `{' '.join(overrides)}` | OOM |  |  |  |  |  |  | cpu |")
+    assert rows[3] == "| oom.jsonl | `x=1` | 10 |  |  |  |  |  | 512 | cpu |  |"
 
 
 def test_an_error_that_is_not_out_of_memory_still_fails(
@@ -208,15 +220,31 @@ def test_comma_separated_values_sweep_like_train_multirun() -> None:
     assert bench.sweep(["+extra=1,2"]) == [["+extra=1"], ["+extra=2"]]
 
 
-def test_a_sweep_measures_each_configuration_in_turn(
+def test_a_sweep_measures_each_configuration_in_turn_and_with_keep_going_outlives_a_failed_one(
     multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Each configuration measured and printed as it ends. With --keep-going (what the GPU check's sweeps
+    use) one that cannot run, here a kernel that is not there, is written as an error, the next one is
+    still measured, and the exit status says one failed; the GPU check's report reads the lines."""
     overrides = bench_overrides(multi30k_dir, tmp_path)
     out = tmp_path / "sweep.jsonl"
     args = ["--warmup-steps", "0", "--windows", "1", "--window-steps", "1", "--out", str(out), *PEAK]
-    assert bench.main([*overrides, "optim.fused=false", "attention=eager,sdpa", *args]) == 0
-    results = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["attention"]["kernel"] for r in results] == ["eager", "sdpa"]
-    assert [r["overrides"][-1] for r in results] == ["attention=eager", "attention=sdpa"]
-    assert all(r["tokens_per_s"] > 0 for r in results)
-    assert capsys.readouterr().out.count(" tokens/s, ") == 2  # one summary line each, as each ends
+    sweep = [*overrides, "optim.fused=false", "attention=eager,no_such_kernel,sdpa", "--keep-going", *args]
+    assert bench.main(sweep) == 1
+    eager, failed, sdpa = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["attention"]["kernel"] for r in (eager, sdpa)] == ["eager", "sdpa"]
+    assert [r["overrides"][-1] for r in (eager, sdpa)] == ["attention=eager", "attention=sdpa"]
+    assert eager["tokens_per_s"] > 0 and sdpa["tokens_per_s"] > 0
+    assert "no_such_kernel" in failed["error"] and "tokens_per_s" not in failed
+    captured = capsys.readouterr()
+    assert captured.out.count(" tokens/s (") == 2  # one summary line each, as each ends
+    assert "no_such_kernel" in captured.err  # the traceback, for whoever reads the log
+    assert bench.main(["--table", str(out)]) == 0
+    assert "| failed |" in capsys.readouterr().out
+    rows = bench_rows([out])  # as the GPU check's report reads them
+    assert [r["attention"] for r in rows] == ["eager", "no_such_kernel", "sdpa"] and "error" in rows[1]
+    assert rows[0]["x_eager"] == 1.0 and rows[2]["x_eager"] == round(
+        sdpa["tokens_per_s"] / eager["tokens_per_s"], 3
+    )
+    assert rows[0]["target_tokens_per_s"] == eager["target_tokens_per_s"] and rows[0]["mfu"] == eager["mfu"]
+    assert 0 < eager["target_tokens_per_s"] < eager["tokens_per_s"]

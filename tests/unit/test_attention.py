@@ -447,10 +447,10 @@ def test_attention_dropout_is_rejected_at_build_time_only_where_impossible(name:
     build_attention(AttentionSpec(kernel=name), site=site, d_model=32, num_heads=4)  # dropout 0 is fine
 
 
-def test_only_linear_and_lsh_lack_attention_dropout_and_only_linear_is_recurrent() -> None:
+def test_only_linear_lsh_and_flex_lack_attention_dropout_and_only_linear_is_recurrent() -> None:
     without = {n for n in KERNELS if not kernel_class(n).capabilities.attention_dropout}
     recurrent = {n for n in KERNELS if kernel_class(n).capabilities.recurrent}
-    assert without == {"linear", "lsh"}
+    assert without == {"linear", "lsh", "flex"}  # flex: FlexAttention has no attention dropout
     assert recurrent == {"linear"}
 
 

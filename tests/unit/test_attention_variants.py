@@ -241,6 +241,38 @@ def test_sparse_matches_masked_softmax_reference(name: str, case: Case) -> None:
     assert_forward_and_gradients_match(run, lambda q, k, v: softmax_reference(q, k, v, mask)[0], (q, k, v))
 
 
+# backend=flex: the same patterns as FlexAttention block masks. Forward through flex_attention itself (without
+# autograd: torch has no CPU FlexAttention backward); gradients, on the CPU, through the dense form of the
+# same mask_mod. One case a pattern (each call traces the unfused reference anew): padded keys, causal, GQA
+# and fewer queries than keys; positions before the first key run in test_attention.py (flex) and below.
+@pytest.mark.parametrize("name", SPARSE_SETTINGS)
+def test_sparse_flex_backend_matches_masked_softmax_reference(name: str) -> None:
+    kernel, case = sparse_kernel(name, backend="flex"), CASES["gqa_2_of_4"]
+    q, k, v, key_mask = random_inputs(case)
+    mask = explicit_mask(case, key_mask, pattern_mask(kernel.settings, case.tq, case.tk, causal=case.causal))
+    with torch.no_grad():
+        got = kernel(q, k, v, key_mask=key_mask, causal=case.causal).context
+    torch.testing.assert_close(got, softmax_reference(q, k, v, mask)[0], rtol=1e-9, atol=1e-9)
+
+    def run(q, k, v):
+        return kernel(q, k, v, key_mask=key_mask, causal=case.causal).context
+
+    assert_forward_and_gradients_match(run, lambda q, k, v: softmax_reference(q, k, v, mask)[0], (q, k, v))
+
+
+@torch.no_grad()
+def test_sparse_flex_backend_before_the_first_key_and_without_causality() -> None:
+    """Negative query positions (never global, no random blocks) and a non-causal padded call."""
+    for name, case in (("bigbird", CASES["causal_tq_gt_tk"]), ("strided_global", CASES["key_padding"])):
+        kernel = sparse_kernel(name, backend="flex")
+        q, k, v, key_mask = random_inputs(case)
+        mask = explicit_mask(
+            case, key_mask, pattern_mask(kernel.settings, case.tq, case.tk, causal=case.causal)
+        )
+        got = kernel(q, k, v, key_mask=key_mask, causal=case.causal).context
+        torch.testing.assert_close(got, softmax_reference(q, k, v, mask)[0], rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("name", SPARSE_SETTINGS)
 def test_sparse_weights_are_the_dense_masked_softmax(name: str) -> None:
     case = CASES["gqa_2_of_4"]

@@ -1,21 +1,9 @@
-"""Sparse attention: each query sees a fixed pattern of keys, computed a block of queries at a time.
+"""Sparse attention: each query sees a fixed pattern of keys (Child et al. 2019, Beltagy et al. 2020
+"Longformer", Zaheer et al. 2020 "Big Bird"), computed a block of queries at a time or as FlexAttention
+block sparsity.
 
-Patterns (``pattern`` option), for a query at position ``p`` and a key at position ``j``:
-
-* ``sliding_window``: ``|p - j| <= window`` (Beltagy et al. 2020, "Longformer", section 3.1; our
-  ``window`` is one-sided, so a query sees ``2 * window + 1`` keys, or ``window + 1`` when causal).
-* ``strided``: the local band above, or ``(p - j) % stride == 0`` (Child et al. 2019, "Generating Long
-  Sequences with Sparse Transformers", section 4.2, the union of its two strided heads).
-* ``fixed``: keys in the same ``stride``-long block as the query (``p // stride == j // stride``), or one
-  of the last ``summary`` positions of any block (Child et al. 2019, section 4.2, "fixed" pattern, c =
-  ``summary``).
-* ``global_window``: ``sliding_window`` plus ``num_global >= 1`` global tokens (Longformer, section 3.1).
-* ``random_blocks``: the local band, plus ``num_random_blocks`` key blocks of ``block`` positions drawn
-  for each query block (Zaheer et al. 2020, "Big Bird", section 2); combine with ``num_global`` for the
-  full BigBird pattern.
-
-``num_global`` > 0 adds global tokens to any pattern: the first ``num_global`` positions attend to every
-key and every query attends to them. ``causal`` and key padding are applied on top of every pattern.
+The patterns (``pattern`` option) and their settings are defined once, in
+:mod:`app.attention.kernels.sparse_patterns` (re-exported here); this module computes attention under them.
 
 Positions follow :mod:`app.attention.base`: key ``j`` sits at position ``j`` and query ``i`` at
 ``p = i + (Tk - Tq)``, so cached incremental decoding (Tq = 1) sees the pattern of full recomputation.
@@ -26,19 +14,23 @@ the sliding window (a function of ``p - j``) survives; every other pattern needs
 The patterns relate positions *within one sequence*: cross-attention, where a target position and a
 source position are not comparable, needs a dense kernel (``capabilities.across_sequences`` is False).
 
-Computation never forms the Tq x Tk score matrix: queries go ``block`` positions at a time, and each
-block gathers only the keys its pattern may reach -- a slab shared by the whole block (band, own or
-random blocks, global keys, summary columns) plus, for ``strided``, one column of every-``stride``-th
-keys per query -- scores that, masks it exactly with :func:`pattern_visible`, and takes one softmax
-over the union. For a fixed window, memory therefore grows linearly with the sequence length.
+``backend=blockwise`` (the default) never forms the Tq x Tk score matrix: queries go ``block`` positions at
+a time, and each block gathers only the keys its pattern may reach -- a slab shared by the whole block
+(band, own or random blocks, global keys, summary columns) plus, for ``strided``, one column of
+every-``stride``-th keys per query -- scores that, masks it exactly with :func:`pattern_visible`, and takes
+one softmax over the union. For a fixed window, memory therefore grows linearly with the sequence length.
+
+``backend=flex`` hands the same :func:`pattern_visible` to FlexAttention as its ``mask_mod``
+(:mod:`app.attention.kernels.flex_ops`): a block mask skips every (128 x 128) tile the pattern leaves empty,
+so on a GPU the cost falls with the window instead of paying one small kernel launch per query block. It
+also attends packed batches without padding (:meth:`SparseAttention.forward_packed`). Decoding steps (one
+query), calls asking for weights, and calls the pattern covers whole keep the paths above.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -46,130 +38,22 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
+from app.attention.kernels import flex_ops
 from app.attention.kernels.eager import EagerAttention
+from app.attention.kernels.sparse_patterns import (  # noqa: F401 (re-exported: the patterns' public names)
+    _BANDED,
+    PATTERNS,
+    SparsePattern,
+    pattern_covers_all,
+    pattern_mask,
+    pattern_table,
+    pattern_visible,
+    random_key_blocks,
+)
 from app.attention.registry import AttentionConfigError, register_kernel
+from app.attention.segments import Segments
 
-PATTERNS = ("sliding_window", "strided", "fixed", "global_window", "random_blocks")
-_BANDED = ("sliding_window", "strided", "global_window", "random_blocks")  # patterns with the local band
-
-
-@dataclass(frozen=True)
-class SparsePattern:
-    """The settings of a sparse pattern; see the module docstring for what each one means."""
-
-    pattern: str = "sliding_window"
-    window: int = 64  # one-sided local band width
-    stride: int = 32  # strided: period of the strided keys; fixed: block length
-    summary: int = 1  # fixed: summary positions at the end of each stride block
-    num_global: int = 0  # the first num_global positions are global
-    block: int = 64  # query block size; random_blocks: the block size of the random key blocks
-    num_random_blocks: int = 2  # random_blocks: random key blocks per query block
-    seed: int = 0  # random_blocks: seed of the random key blocks
-
-    def __post_init__(self) -> None:
-        if self.pattern not in PATTERNS:
-            raise AttentionConfigError(
-                f"unknown sparse attention pattern {self.pattern!r}; valid choices: {', '.join(PATTERNS)}"
-            )
-        minimum = {"window": 0, "stride": 1, "summary": 1, "num_global": 0, "block": 1}
-        minimum |= {"num_random_blocks": 0, "seed": 0}
-        for name, low in minimum.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise AttentionConfigError(f"sparse attention {name}={value!r} must be an integer >= {low}")
-        if self.summary > self.stride:
-            raise AttentionConfigError(
-                f"sparse attention summary={self.summary} must be at most stride={self.stride}"
-            )
-        if self.pattern == "global_window" and self.num_global < 1:
-            raise AttentionConfigError(
-                f"sparse attention pattern 'global_window' needs num_global >= 1, got {self.num_global}"
-            )
-
-
-# --- the pattern, element by element ------------------------------------------------------------------
-
-
-def random_key_blocks(
-    settings: SparsePattern, query_block: int, *, num_key_blocks: int, causal: bool
-) -> list[int]:
-    """The random key blocks of one query block, drawn from the blocks it may see (BigBird, section 2).
-
-    The draw depends only on (seed, query block) and, without causal masking, on the number of key
-    blocks; with causal masking it is made among blocks ``0..query_block``, which keeps it identical
-    whether the keys come from full recomputation or from a (complete) decoding cache.
-    """
-    if query_block < 0:
-        return []
-    candidates = query_block + 1 if causal else num_key_blocks
-    count = min(settings.num_random_blocks, candidates)
-    rng = random.Random(settings.seed * 1_000_003 + query_block)
-    return sorted(rng.sample(range(candidates), count))
-
-
-def _random_visible(settings: SparsePattern, p: Tensor, j: Tensor, *, tk: int, causal: bool) -> Tensor:
-    """Whether key ``j`` lies in one of the random blocks of the block of query ``p`` (broadcast shapes)."""
-    query_blocks = torch.div(p, settings.block, rounding_mode="floor")  # (R, 1)
-    width = max(settings.num_random_blocks, 1)
-    chosen = torch.full((p.size(0), width), -1, dtype=torch.long, device=p.device)  # (R, r), -1 = none
-    num_key_blocks = math.ceil(tk / settings.block)
-    for qb in torch.unique(query_blocks).tolist():
-        blocks = random_key_blocks(settings, qb, num_key_blocks=num_key_blocks, causal=causal)
-        if blocks:
-            rows = query_blocks[:, 0] == qb
-            chosen[rows, : len(blocks)] = torch.tensor(blocks, device=p.device)
-    key_blocks = torch.div(j, settings.block, rounding_mode="floor")  # (1|R, S)
-    return (key_blocks[..., None] == chosen[:, None, :]).any(-1)  # (R, S)
-
-
-def pattern_visible(settings: SparsePattern, p: Tensor, j: Tensor, *, tk: int, causal: bool) -> Tensor:
-    """Whether query position ``p`` (R, 1) may attend key position ``j`` ((1|R), S): a (R, S) bool tensor.
-
-    The single definition of every pattern: :func:`pattern_mask` evaluates it on the full grid and the
-    kernel on the keys each block gathers. Key padding is not part of it.
-    """
-    s = settings
-    band = (p - j).abs() <= s.window
-    if s.pattern in ("sliding_window", "global_window"):
-        allowed = band
-    elif s.pattern == "strided":
-        allowed = band | (torch.remainder(p - j, s.stride) == 0)
-    elif s.pattern == "fixed":
-        same_block = torch.div(p, s.stride, rounding_mode="floor") == torch.div(
-            j, s.stride, rounding_mode="floor"
-        )
-        allowed = same_block | (torch.remainder(j, s.stride) >= s.stride - s.summary)
-    else:  # random_blocks
-        allowed = band | _random_visible(s, p, j, tk=tk, causal=causal)
-    if s.num_global:
-        allowed = allowed | ((p >= 0) & (p < s.num_global)) | (j < s.num_global)
-    if causal:
-        allowed = allowed & (j <= p)
-    return allowed
-
-
-def pattern_mask(
-    settings: SparsePattern, tq: int, tk: int, *, causal: bool, device: torch.device | None = None
-) -> Tensor:
-    """The dense (Tq, Tk) bool mask of the pattern, True = may attend; queries are the last Tq positions.
-
-    The kernel computes exactly softmax attention under ``pattern_mask & key padding`` without ever
-    building this matrix; tests and documentation use it as the explicit form.
-    """
-    p = torch.arange(tq, device=device)[:, None] + (tk - tq)
-    j = torch.arange(tk, device=device)[None, :]
-    return pattern_visible(settings, p, j, tk=tk, causal=causal)
-
-
-def pattern_covers_all(settings: SparsePattern, tq: int, tk: int) -> bool:
-    """Whether every key is visible to every query of a (Tq, Tk) call (queries are the last Tq positions):
-    the band reaches across all of them (``|p - j| <= max(Tq, Tk) - 1 <= window``), or for ``fixed`` all
-    positions share one stride block. Causality and key padding only hide keys, so the call then equals
-    dense attention under the same key and causal masks."""
-    s = settings
-    if s.pattern in _BANDED:
-        return max(tq, tk) - 1 <= s.window
-    return s.pattern == "fixed" and tq <= tk <= s.stride
+BACKENDS = ("blockwise", "flex")
 
 
 # --- which keys a block of queries gathers ------------------------------------------------------------
@@ -253,8 +137,14 @@ class SparseAttention(AttentionKernel):
         num_random_blocks: int = 2,
         seed: int = 0,
         recompute: bool = False,
+        backend: str = "blockwise",
     ) -> None:
         super().__init__()
+        if backend not in BACKENDS:
+            raise AttentionConfigError(
+                f"unknown sparse attention backend {backend!r}; valid choices: {', '.join(BACKENDS)}"
+            )
+        self.backend = backend  # how the pattern is computed: query blocks, or FlexAttention block sparsity
         # recompute: keep no per-block scores for the backward pass, recompute them there instead
         # (activation checkpointing per query block): training memory then grows with T x Dh, not with
         # T x (block + 2 window), for ~1/3 more compute.
@@ -271,7 +161,7 @@ class SparseAttention(AttentionKernel):
         )
 
     def extra_repr(self) -> str:
-        return f"{self.settings!r}, recompute={self.recompute}"
+        return f"{self.settings!r}, recompute={self.recompute}, backend={self.backend!r}"
 
     def cache_window(self) -> int | None:
         """``window + 1`` for a causal sliding window: the query itself and the ``window`` keys before it.
@@ -297,10 +187,15 @@ class SparseAttention(AttentionKernel):
             parts.append(f"random={s.num_random_blocks}x{s.block}")
         if s.num_global:
             parts.append(f"global={s.num_global}")
+        if self.backend != "blockwise":
+            parts.append(f"backend={self.backend}")
         return " ".join(parts)
 
     def scores_per_query(self, length: int, *, head_dim: int) -> int:
-        """Scores of the keys a query block gathers (its band and block), kept with their gradients."""
+        """Scores of the keys a query block gathers (its band and block), kept with their gradients;
+        ``backend=flex``: all of them, as :meth:`FlexAttention.scores_per_query` says why."""
+        if self.backend == "flex":
+            return 4 * length
         return 6 * min(length, 2 * self.settings.window + 2 * self.settings.block)
 
     def forward(
@@ -320,6 +215,8 @@ class SparseAttention(AttentionKernel):
             return _DENSE(
                 q, k, v, key_mask=key_mask, causal=causal, dropout_p=dropout_p, need_weights=need_weights
             )
+        if self.backend == "flex" and tq > 1 and not need_weights:  # weights and steps: blockwise
+            return AttentionOutput(context=self._attend_flex(q, k, v, key_mask, causal, dropout_p))
         qg = q.unflatten(1, (kv_heads, heads // kv_heads)) / math.sqrt(dim)  # (B, Hkv, G, Tq, Dh)
         contexts, weights = [], []
         offset = tk - tq  # query i sits at position i + offset
@@ -341,6 +238,72 @@ class SparseAttention(AttentionKernel):
         context = torch.cat(contexts, dim=3).flatten(1, 2)  # (B, H, Tq, Dv)
         dense = torch.cat(weights, dim=3).flatten(1, 2) if need_weights else None  # (B, H, Tq, Tk)
         return AttentionOutput(context=context, weights=dense)
+
+    def forward_packed(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        q_segments: Segments,
+        k_segments: Segments,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        """``backend=flex``: packed q (Nq, H, Dh) over k, v (Nk, Hkv, Dh) under the pattern within each
+        sequence, positions restarting per sequence and ``Tk`` the longest sequence's length (what the
+        padded layout of the default gives); (Nq, H, Dv). The blockwise backend takes the padded layout."""
+        if self.backend != "flex":
+            return super().forward_packed(
+                q, k, v, q_segments=q_segments, k_segments=k_segments, causal=causal, dropout_p=dropout_p
+            )
+        _check_flex_dropout(dropout_p)
+        s, tk = self.settings, k_segments.longest
+        q_ids, q_pos = q_segments.ids, q_segments.positions
+        k_ids, k_pos = k_segments.ids, k_segments.positions
+        table = pattern_table(s, tk=tk, causal=causal, device=q.device)
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            visible = pattern_visible(s, q_pos[q_idx], k_pos[kv_idx], tk=tk, causal=causal, table=table)
+            return visible & (q_ids[q_idx] == k_ids[kv_idx])
+
+        context = flex_ops.attend(
+            q.transpose(0, 1)[None],  # (1, H, Nq, Dh): one row holds every sequence
+            k.transpose(0, 1)[None],  # (1, Hkv, Nk, Dh)
+            v.transpose(0, 1)[None],
+            mask_mod,
+            batch=None,
+            compile="auto",
+            owners=(q_ids, q_pos, k_ids, k_pos),
+            settings=("sparse packed", s, tk, causal),
+        )
+        return context[0].transpose(0, 1)  # (Nq, H, Dv)
+
+    def flex_mask_mod(
+        self, *, tq: int, tk: int, key_mask: Tensor | None, causal: bool, device: torch.device
+    ) -> flex_ops.MaskMod:
+        """The pattern of a (Tq, Tk) call, with key padding (``key_mask`` (B, Tk)) and causality, as a
+        FlexAttention ``mask_mod``: :func:`pattern_visible` itself, queries at positions i + Tk - Tq."""
+        s, offset = self.settings, tk - tq
+        table = pattern_table(s, tk=tk, causal=causal, device=device)
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            visible = pattern_visible(s, q_idx + offset, kv_idx, tk=tk, causal=causal, table=table)
+            return visible if key_mask is None else visible & key_mask[b, kv_idx]
+
+        return mask_mod
+
+    def _attend_flex(
+        self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool, dropout_p: float
+    ) -> Tensor:
+        """The pattern (and key padding) as a FlexAttention block mask: q (B, H, Tq, Dh) -> (B, H, Tq, Dv)."""
+        _check_flex_dropout(dropout_p)
+        tq, tk = q.size(2), k.size(2)
+        mask_mod = self.flex_mask_mod(tq=tq, tk=tk, key_mask=key_mask, causal=causal, device=q.device)
+        batch = None if key_mask is None else q.size(0)
+        owners = () if key_mask is None else (key_mask,)
+        key = ("sparse", self.settings, causal)
+        return flex_ops.attend(q, k, v, mask_mod, batch=batch, compile="auto", owners=owners, settings=key)
 
     def _attend_block_context(self, *args: object) -> Tensor:
         return self._attend_block(*args)[0]  # type: ignore[arg-type]
@@ -394,3 +357,11 @@ class SparseAttention(AttentionKernel):
         if rows is not None:  # hidden or duplicated columns carry weight 0, so adding is safe
             dense = dense.scatter_add(-1, rows.expand(*weights.shape[:3], -1, -1), weights[..., width:])
         return context, dense
+
+
+def _check_flex_dropout(dropout_p: float) -> None:
+    if dropout_p > 0:
+        raise ValueError(
+            f"sparse attention backend=flex cannot apply attention dropout (dropout={dropout_p}; "
+            "FlexAttention has none): set attention.dropout=0, or backend=blockwise"
+        )
