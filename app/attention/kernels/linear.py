@@ -89,24 +89,34 @@ def _causal_linear(
 
     phi_q (B, Hkv, G, T, m), eps_row (B, Hkv, G, T, 1), phi_k (B, Hkv, T, m), v (B, Hkv, T, Dv).
     Returns the context (B, Hkv, G, T, Dv) and the state after the T keys.
+
+    A chunked scan, batched over the chunks (no loop): inside a chunk of C positions the masked (C, C)
+    products phi(Q) phi(K)^T; across chunks each chunk's phi(K)^T V and phi(K) sums, summed exclusively
+    along the chunk axis (a cumulative sum) on top of ``state``, give every chunk the state before it.
+    Positions past T (padding to whole chunks) have zero features and are cut from the result.
     """
     b, kv_heads, t, m = phi_k.shape
-    if state is None:
-        kv, z = phi_k.new_zeros(b, kv_heads, m, v.size(-1)), phi_k.new_zeros(b, kv_heads, m)
-    else:
-        kv, z = state.kv, state.z
-    outs = []
-    for start in range(0, t, chunk_size):
-        end = min(t, start + chunk_size)
-        qc, kc, vc = phi_q[..., start:end, :], phi_k[:, :, start:end], v[:, :, start:end]
-        within = (qc @ kc[:, :, None].transpose(-1, -2)).tril()  # (B, Hkv, G, C, C): key j <= query i
-        num = qc @ kv[:, :, None] + within @ vc[:, :, None]  # (B, Hkv, G, C, Dv)
-        den = qc @ z[:, :, None, :, None] + within.sum(-1, keepdim=True)  # (B, Hkv, G, C, 1)
-        outs.append(num / (den + eps_row[..., start:end, :]))
-        kv = kv + kc.transpose(-1, -2) @ vc
-        z = z + kc.sum(-2)
-    context = torch.cat(outs, dim=-2) if outs else phi_q.new_zeros(*phi_q.shape[:-1], v.size(-1))
-    return context, LinearAttentionState(kv=kv, z=z)
+    dv = v.size(-1)
+    kv0 = phi_k.new_zeros(b, kv_heads, m, dv) if state is None else state.kv  # (B, Hkv, m, Dv)
+    z0 = phi_k.new_zeros(b, kv_heads, m) if state is None else state.z  # (B, Hkv, m)
+    if t == 0:
+        return phi_q.new_zeros(*phi_q.shape[:-1], dv), LinearAttentionState(kv=kv0, z=z0)
+    size = min(chunk_size, t)
+    n = -(-t // size)  # chunks
+    pad = n * size - t
+    qc = F.pad(phi_q, (0, 0, 0, pad)).unflatten(-2, (n, size))  # (B, Hkv, G, n, C, m)
+    ec = F.pad(eps_row, (0, 0, 0, pad), value=1.0).unflatten(-2, (n, size))  # (B, Hkv, G, n, C, 1)
+    kc = F.pad(phi_k, (0, 0, 0, pad)).unflatten(-2, (n, size))  # (B, Hkv, n, C, m)
+    vc = F.pad(v, (0, 0, 0, pad)).unflatten(-2, (n, size))  # (B, Hkv, n, C, Dv)
+    kv_sums = (kc.transpose(-1, -2) @ vc).cumsum(2)  # (B, Hkv, n, m, Dv): state after each chunk
+    z_sums = kc.sum(-2).cumsum(2)  # (B, Hkv, n, m)
+    kv_before = torch.cat([kv0[:, :, None], kv0[:, :, None] + kv_sums[:, :, :-1]], dim=2)  # exclusive
+    z_before = torch.cat([z0[:, :, None], z0[:, :, None] + z_sums[:, :, :-1]], dim=2)  # (B, Hkv, n, m)
+    within = (qc @ kc[:, :, None].transpose(-1, -2)).tril()  # (B, Hkv, G, n, C, C): key j <= query i
+    num = qc @ kv_before[:, :, None] + within @ vc[:, :, None]  # (B, Hkv, G, n, C, Dv)
+    den = qc @ z_before[:, :, None, :, :, None] + within.sum(-1, keepdim=True)  # (B, Hkv, G, n, C, 1)
+    context = (num / (den + ec)).flatten(-3, -2)[..., :t, :]  # (B, Hkv, G, T, Dv)
+    return context, LinearAttentionState(kv=kv0 + kv_sums[:, :, -1], z=z0 + z_sums[:, :, -1])
 
 
 def _refuse_weights(*, need_weights: bool, dropout_p: float) -> None:
