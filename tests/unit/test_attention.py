@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from app.attention import (
     AttentionConfigError,
@@ -208,6 +209,36 @@ def test_fused_kernels_pass_no_mask_or_the_smallest_float_mask(
         assert (
             torch.isfinite(mask).any(dim=-1).all()
         )  # every row sees a key: no backend meets an all -inf row
+
+
+class RecordOps(TorchDispatchMode):
+    """Records the names of the aten operators a call runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "length", "flash"),
+    [(torch.bfloat16, 16, False), (torch.bfloat16, 200, True), (torch.float32, 16, True)],
+)
+def test_sdpa_on_a_cpu_takes_math_for_short_bfloat16_calls(
+    dtype: torch.dtype, length: int, flash: bool
+) -> None:
+    """PyTorch's CPU flash kernel is slower than math in bfloat16 up to ~128 keys (CPU_BF16_MATH_UP_TO)."""
+    q = torch.randn(2, 4, length, 8, dtype=dtype)
+    key_mask = torch.arange(length)[None, :] < torch.tensor([[length], [length // 2]])
+    for mask in (key_mask, None):
+        with RecordOps() as recorder:
+            out = build_kernel("sdpa")(q, q, q, key_mask=mask).context
+        assert ("aten._scaled_dot_product_flash_attention_for_cpu" in recorder.ops) == flash
+        expected = build_kernel("eager")(q.double(), q.double(), q.double(), key_mask=mask).context
+        torch.testing.assert_close(out.double(), expected, rtol=0.02, atol=0.02)
 
 
 @pytest.mark.parametrize("name", KERNELS)

@@ -3,7 +3,8 @@
 The padded path hands SDPA no mask or a float additive one of the smallest correct shape
 (:func:`app.attention.masks.additive_mask`: key padding alone is a broadcast (B, 1, 1, Tk)), and on CUDA
 names its backends in order: flash where there is no mask, memory-efficient with one, math last. Never
-cuDNN: it builds a graph for every new shape, and token-bucketed batches keep making new shapes.
+cuDNN: it builds a graph for every new shape, and token-bucketed batches keep making new shapes. On a CPU,
+short bfloat16 calls take the math backend, which is faster there (:data:`CPU_BF16_MATH_UP_TO`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ MASKED_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Only flash takes grouped kv heads (enable_gqa) on CUDA, and only in these dtypes; the memory-efficient
 # backend does not (torch 2.11-2.13), so elsewhere the kv heads are expanded rather than falling to math.
 _GQA_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+# On a CPU in bfloat16, PyTorch's own choice (its flash kernel) loses to the math backend up to about 128 keys
+# and wins beyond (forward+backward, 4 heads of 64, one thread; math's time over flash's: 0.45 at 48 keys,
+# 0.71-0.77 at 128, 1.12 at 192, 1.21-1.29 at 256; docs/attention.md). In float32 it is not slower.
+CPU_BF16_MATH_UP_TO = 128
 
 # (q, k, v, additive mask or None, is_causal) -> context: one SDPA call, as a kernel makes it.
 SDPACall = Callable[[Tensor, Tensor, Tensor, Tensor | None, bool], Tensor]
@@ -55,16 +61,21 @@ def attend_padded(
 def sdpa_in_order(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0
 ) -> Tensor:
-    """SDPA with the backend chosen explicitly on CUDA (module docstring); PyTorch's choice on a CPU (its
-    flash kernel, which takes masks and grouped heads, then math; no graphs are built there)."""
+    """SDPA with the backend chosen explicitly: on CUDA by the module docstring's order; on a CPU (no graphs
+    are built there) math for short bfloat16 calls (:data:`CPU_BF16_MATH_UP_TO`), else PyTorch's choice
+    (its flash kernel, which takes masks and grouped heads)."""
     gqa = k.size(1) != q.size(1)
-    if q.device.type != "cuda":
+    if q.device.type == "cuda":
+        if gqa and (mask is not None or q.dtype not in _GQA_FLASH_DTYPES):
+            k, v, gqa = repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), False  # (B, H, Tk, Dh)
+        backends = UNMASKED_BACKENDS if mask is None else MASKED_BACKENDS
+    elif q.dtype == torch.bfloat16 and isinstance(k.size(2), int) and k.size(2) <= CPU_BF16_MATH_UP_TO:
+        backends = [SDPBackend.MATH]
+    else:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=gqa
         )
-    if gqa and (mask is not None or q.dtype not in _GQA_FLASH_DTYPES):
-        k, v, gqa = repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), False  # (B, H, Tk, Dh)
-    with sdpa_kernel(UNMASKED_BACKENDS if mask is None else MASKED_BACKENDS, set_priority=True):
+    with sdpa_kernel(backends, set_priority=True):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=gqa
         )
