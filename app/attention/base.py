@@ -217,3 +217,10 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
     b, _, t, d = x.shape
     group = num_heads // kv_heads
     return x[:, :, None].expand(b, kv_heads, group, t, d).reshape(b, num_heads, t, d)
+
+
+def rows_with_keys(mask: Tensor | None) -> Tensor | None:
+    """(B, 1|H, Tq, 1) bool: False for query rows that may attend no key at all (their output is zero), from
+    a dense mask of any pattern (flex's dense path). Key padding and causality need no dense mask:
+    :func:`app.attention.masks.rows_seeing_keys` reads them from the (B, Tk) key mask."""
+    return None if mask is None else mask.any(dim=-1, keepdim=True)

@@ -36,7 +36,7 @@ def attention_mask(
     return mask
 
 
-def rows_with_keys(
+def rows_seeing_keys(
     key_mask: Tensor | None, *, causal: bool, tq: int, tk: int, device: torch.device | None = None
 ) -> Tensor | None:
     """(B|1, 1, Tq|1, 1) bool, False for query rows that may attend no key (their output is zero); None
@@ -75,7 +75,7 @@ def additive_mask(
 
     Its shape is the smallest that is correct: key padding alone is a broadcast (B, 1, 1, Tk), causal
     alone (1, 1, Tq, Tk), both (B, 1, Tq, Tk). Float, because a boolean mask is converted to this by SDPA on
-    every call anyway. ``has_keys`` (:func:`rows_with_keys`) names the rows with no visible key: they see
+    every call anyway. ``has_keys`` (:func:`rows_seeing_keys`) names the rows with no visible key: they see
     every key instead, so that no backend meets an all -inf row (some give NaN there, also in the backward
     pass); the caller replaces their output by zeros.
     """

@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, repeat_kv
 from app.attention.kernels.eager import EagerAttention
-from app.attention.masks import additive_mask, rows_with_keys
+from app.attention.masks import additive_mask, rows_seeing_keys
 from app.attention.registry import register_kernel
 
 # The CUDA backends an unmasked and a masked call may use, in order of preference (flash takes no mask).
@@ -50,7 +50,7 @@ def attend_padded(
     tq, tk = q.size(2), k.size(2)
     if key_mask is None and (not causal or tq == tk):
         return call(q, k, v, None, causal)
-    has_keys = rows_with_keys(key_mask, causal=causal, tq=tq, tk=tk, device=q.device)  # (B|1, 1, Tq|1, 1)
+    has_keys = rows_seeing_keys(key_mask, causal=causal, tq=tq, tk=tk, device=q.device)  # (B|1, 1, Tq|1, 1)
     mask = additive_mask(
         key_mask, causal=causal, tq=tq, tk=tk, dtype=q.dtype, device=q.device, has_keys=has_keys
     )  # (B|1, 1, Tq|1, Tk)
