@@ -220,5 +220,7 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
 
 
 def rows_with_keys(mask: Tensor | None) -> Tensor | None:
-    """(B, 1|H, Tq, 1) bool: False for query rows that may attend no key at all (their output is zero)."""
+    """(B, 1|H, Tq, 1) bool: False for query rows that may attend no key at all (their output is zero), from
+    a dense mask of any pattern (flex's dense path). Key padding and causality need no dense mask:
+    :func:`app.attention.masks.rows_seeing_keys` reads them from the (B, Tk) key mask."""
     return None if mask is None else mask.any(dim=-1, keepdim=True)

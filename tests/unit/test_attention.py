@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from app.attention import (
     AttentionConfigError,
@@ -73,8 +76,10 @@ class Case:
     kv_heads: int = 4
     tq: int = 5
     tk: int = 5
-    padded: bool = False
+    padded: bool = False  # lengths Tk, Tk - 2, 2 (0 with ``empty``): right padding, left with ``left``
     causal: bool = False
+    left: bool = False
+    empty: bool = False
 
 
 CASES = {
@@ -89,6 +94,10 @@ CASES = {
     "gqa_2_of_4": Case(kv_heads=2, tq=4, tk=6, padded=True, causal=True),
     "mqa_1_of_4": Case(kv_heads=1, tq=4, tk=6, padded=True),
     "mqa_causal": Case(kv_heads=1, causal=True),
+    # causal queries before their sequence's first real key see nothing (rows of a row-dependent mask)
+    "causal_left_padded_gqa": Case(kv_heads=2, padded=True, left=True, causal=True),
+    "no_keys_gqa": Case(kv_heads=2, tq=4, tk=6, padded=True, empty=True),  # a sequence without keys
+    "no_keys_causal_tq_lt_tk": Case(kv_heads=1, tq=3, tk=6, padded=True, left=True, empty=True, causal=True),
 }
 
 
@@ -100,8 +109,9 @@ def random_inputs(case: Case, dtype: torch.dtype = torch.float64, seed: int = 0)
     v = torch.randn(batch, case.kv_heads, case.tk, dim, generator=gen, dtype=dtype)
     key_mask = None
     if case.padded:
-        lengths = torch.tensor([case.tk, case.tk - 2, 2])
-        key_mask = torch.arange(case.tk)[None, :] < lengths[:, None]
+        lengths = torch.tensor([case.tk, case.tk - 2, 0 if case.empty else 2])
+        positions = torch.arange(case.tk).flip(0) if case.left else torch.arange(case.tk)
+        key_mask = positions[None, :] < lengths[:, None]
     return q, k, v, key_mask
 
 
@@ -157,6 +167,78 @@ def test_sdpa_single_queries_export_for_any_row_count() -> None:
     for count in (8, 100):  # 32 and 400 (row, head) pairs
         args = [t.repeat(count // 8 + 1, *[1] * (t.dim() - 1))[:count] for t in (q, k, v, key_mask)]
         torch.testing.assert_close(program.module()(*args), reference_attention(*args, False))
+
+
+class RecordSDPAMasks(TorchFunctionMode):
+    """Records the ``attn_mask`` and ``is_causal`` of every scaled_dot_product_attention call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Tensor | None, bool]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            self.calls.append((kwargs.get("attn_mask"), kwargs.get("is_causal", False)))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["sdpa", "flash"])
+@pytest.mark.parametrize(
+    ("case", "shape", "is_causal"),
+    [
+        ("plain", None, False),
+        ("causal", None, True),  # no mask: is_causal
+        ("key_padding", (3, 1, 1, 6), False),  # key padding alone: broadcast over the queries
+        ("no_keys_gqa", (3, 1, 1, 6), False),
+        ("causal_tq_lt_tk", (1, 1, 3, 7), False),  # causal alone, bottom-right: one mask for the batch
+        ("causal_padded", (3, 1, 5, 5), False),  # both: the only case with a per-sequence (Tq, Tk) mask
+    ],
+)
+def test_fused_kernels_pass_no_mask_or_the_smallest_float_mask(
+    name: str, case: str, shape: tuple | None, is_causal: bool
+) -> None:
+    q, k, v, key_mask = random_inputs(CASES[case], dtype=torch.float32)
+    with RecordSDPAMasks() as recorder:
+        build_kernel(name)(q, k, v, key_mask=key_mask, causal=CASES[case].causal)
+    [(mask, causal)] = recorder.calls
+    assert causal == is_causal
+    assert (mask is None) == (shape is None)
+    if mask is not None:
+        assert mask.dtype == torch.float32 and tuple(mask.shape) == shape
+        assert (
+            torch.isfinite(mask).any(dim=-1).all()
+        )  # every row sees a key: no backend meets an all -inf row
+
+
+class RecordOps(TorchDispatchMode):
+    """Records the names of the aten operators a call runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "length", "flash"),
+    [(torch.bfloat16, 16, False), (torch.bfloat16, 200, True), (torch.float32, 16, True)],
+)
+def test_sdpa_on_a_cpu_takes_math_for_short_bfloat16_calls(
+    dtype: torch.dtype, length: int, flash: bool
+) -> None:
+    """PyTorch's CPU flash kernel is slower than math in bfloat16 up to ~128 keys (CPU_BF16_MATH_UP_TO)."""
+    q = torch.randn(2, 4, length, 8, dtype=dtype)
+    key_mask = torch.arange(length)[None, :] < torch.tensor([[length], [length // 2]])
+    for mask in (key_mask, None):
+        with RecordOps() as recorder:
+            out = build_kernel("sdpa")(q, q, q, key_mask=mask).context
+        assert ("aten._scaled_dot_product_flash_attention_for_cpu" in recorder.ops) == flash
+        expected = build_kernel("eager")(q.double(), q.double(), q.double(), key_mask=mask).context
+        torch.testing.assert_close(out.double(), expected, rtol=0.02, atol=0.02)
 
 
 @pytest.mark.parametrize("name", KERNELS)

@@ -12,7 +12,10 @@ With the ``flash_attn`` package installed and fp16/bf16 tensors on a CUDA device
 (``flash_attn_varlen_func``: every sequence keeps only its real keys), so no work is spent on padding.
 Causal attention with key padding stays on SDPA: unpadding would move where the causal diagonal sits.
 
-Query rows whose keys are all hidden give zeros, never NaN.
+SDPA gets no mask or the smallest float additive one, as in the sdpa kernel
+(:func:`app.attention.kernels.sdpa.attend_padded`); unlike that kernel, ``auto`` leaves the backend to
+PyTorch (cuDNN included, where PyTorch prefers it), so that ``backend`` names exactly what runs. Query rows
+whose keys are all hidden give zeros, never NaN.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities, rows_with_keys
-from app.attention.masks import attention_mask
+from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
+from app.attention.kernels.sdpa import attend_padded
 from app.attention.registry import AttentionConfigError, register_kernel
 
 log = logging.getLogger(__name__)
@@ -108,18 +111,9 @@ class FlashAttention(AttentionKernel):
     def _sdpa(
         self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool, dropout_p: float
     ) -> Tensor:
-        tq, tk = q.size(2), k.size(2)
         gqa = k.size(1) != q.size(1)
-        if key_mask is None and (not causal or tq == tk):  # SDPA's is_causal is aligned top-left
-            return self._call_sdpa(q, k, v, None, causal, dropout_p, gqa)
-        mask = attention_mask(key_mask, causal=causal, tq=tq, tk=tk, device=q.device)  # (B|1, 1, Tq, Tk)
-        has_keys = rows_with_keys(mask)  # (B|1, 1, Tq, 1)
-        # Rows without a visible key see key 0 instead, so that no backend meets an all -inf row (some
-        # return NaN there, also in the backward pass); their output is replaced by zeros below.
-        first_key = torch.arange(tk, device=q.device) == 0
-        safe = mask | (~has_keys & first_key)
-        context = self._call_sdpa(q, k, v, safe, False, dropout_p, gqa)
-        return context.masked_fill(~has_keys, 0.0)
+        call = functools.partial(self._call_sdpa, dropout_p=dropout_p, gqa=gqa)
+        return attend_padded(q, k, v, key_mask, causal, call)  # no mask, or the smallest float one
 
     def _call_sdpa(
         self,

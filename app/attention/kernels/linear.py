@@ -7,8 +7,9 @@ phi(q) . phi(k), so that attention over keys 1..N factorises:
 
 Without causal masking the two sums are computed once over all (real) keys; with causal masking they
 are prefix sums, i.e. a recurrent state (S_i, z_i) = (S_{i-1} + phi(k_i) v_i^T, z_{i-1} + phi(k_i)) --
-here computed ``chunk_size`` positions at a time (quadratic inside a chunk, the state across chunks),
-so memory stays O(chunk^2 + features x Dv) instead of one outer product per position. The result equals
+here computed ``chunk_size`` positions at a time (quadratic inside a chunk, the state across chunks, all
+chunks in one batched scan), so memory stays O(T x chunk + T / chunk x features x Dv) instead of one
+outer product per position. The result equals
 the quadratic form ``A = mask(phi(Q) phi(K)^T)``, each row divided by its sum plus ``eps``.
 
 Feature maps (``feature_map`` option):
@@ -89,24 +90,39 @@ def _causal_linear(
 
     phi_q (B, Hkv, G, T, m), eps_row (B, Hkv, G, T, 1), phi_k (B, Hkv, T, m), v (B, Hkv, T, Dv).
     Returns the context (B, Hkv, G, T, Dv) and the state after the T keys.
+
+    A chunked scan, batched over the chunks (no loop; Katharopoulos et al. 2020, section 3.3, a chunk at a
+    time): inside a chunk of C positions the masked (C, C) products phi(Q) phi(K)^T; across chunks each
+    chunk's phi(K)^T [V, 1] (the sums of eq. 5, the normaliser's as a last column of ones), summed along
+    the chunk axis, give each chunk the state before it (the cumulative sum less the chunk's own term).
+    Positions past T (padding to whole chunks) have zero features and are cut from the result.
     """
     b, kv_heads, t, m = phi_k.shape
-    if state is None:
-        kv, z = phi_k.new_zeros(b, kv_heads, m, v.size(-1)), phi_k.new_zeros(b, kv_heads, m)
-    else:
-        kv, z = state.kv, state.z
-    outs = []
-    for start in range(0, t, chunk_size):
-        end = min(t, start + chunk_size)
-        qc, kc, vc = phi_q[..., start:end, :], phi_k[:, :, start:end], v[:, :, start:end]
-        within = (qc @ kc[:, :, None].transpose(-1, -2)).tril()  # (B, Hkv, G, C, C): key j <= query i
-        num = qc @ kv[:, :, None] + within @ vc[:, :, None]  # (B, Hkv, G, C, Dv)
-        den = qc @ z[:, :, None, :, None] + within.sum(-1, keepdim=True)  # (B, Hkv, G, C, 1)
-        outs.append(num / (den + eps_row[..., start:end, :]))
-        kv = kv + kc.transpose(-1, -2) @ vc
-        z = z + kc.sum(-2)
-    context = torch.cat(outs, dim=-2) if outs else phi_q.new_zeros(*phi_q.shape[:-1], v.size(-1))
-    return context, LinearAttentionState(kv=kv, z=z)
+    dv = v.size(-1)
+    if t == 0:
+        kv0 = phi_k.new_zeros(b, kv_heads, m, dv) if state is None else state.kv
+        z0 = phi_k.new_zeros(b, kv_heads, m) if state is None else state.z
+        return phi_q.new_zeros(*phi_q.shape[:-1], dv), LinearAttentionState(kv=kv0, z=z0)
+    size = min(chunk_size, t)
+    n = -(-t // size)  # chunks
+    pad = n * size - t
+    values = torch.cat([v, v.new_ones(b, kv_heads, t, 1)], dim=-1)  # (B, Hkv, T, Dv + 1)
+    if pad:
+        phi_q, phi_k, values = (F.pad(x, (0, 0, 0, pad)) for x in (phi_q, phi_k, values))
+        eps_row = F.pad(eps_row, (0, 0, 0, pad), value=1.0)  # no 0 / 0 in the cut rows
+    qc, ec = phi_q.unflatten(-2, (n, size)), eps_row.unflatten(-2, (n, size))  # (B, Hkv, G, n, C, m | 1)
+    kc, vc = phi_k.unflatten(-2, (n, size)), values.unflatten(-2, (n, size))  # (B, Hkv, n, C, m | Dv + 1)
+    per_chunk = kc.transpose(-1, -2) @ vc  # (B, Hkv, n, m, Dv + 1)
+    after = per_chunk.cumsum(2)  # the sums after each chunk
+    before = after - per_chunk  # exclusive: the first chunk's is exactly 0
+    if state is not None:
+        prefix = torch.cat([state.kv, state.z[..., None]], dim=-1)  # (B, Hkv, m, Dv + 1)
+        before, after = before + prefix[:, :, None], after + prefix[:, :, None]
+    within = (qc @ kc[:, :, None].transpose(-1, -2)).tril()  # (B, Hkv, G, n, C, C): key j <= query i
+    out = qc @ before[:, :, None] + within @ vc[:, :, None]  # (B, Hkv, G, n, C, Dv + 1)
+    context = (out[..., :dv] / (out[..., dv:] + ec)).flatten(-3, -2)  # (B, Hkv, G, n * C, Dv)
+    last = after[:, :, -1]  # (B, Hkv, m, Dv + 1)
+    return context[..., :t, :], LinearAttentionState(kv=last[..., :dv], z=last[..., dv])
 
 
 def _refuse_weights(*, need_weights: bool, dropout_p: float) -> None:
