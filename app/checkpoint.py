@@ -141,6 +141,23 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return checkpoint
 
 
+def last_learning_rate(path: str | os.PathLike[str]) -> float:
+    """The learning rate a training run's checkpoint was last trained at (its scheduler's last rate, first
+    parameter group), so that a run started from it can go on at that rate (uptraining,
+    ``conf/experiment/ablation_uptrain.yaml``). A file without a scheduler's state names itself."""
+    checkpoint = read_checkpoint(path)
+    try:
+        rate = checkpoint["lr_schedulers"][0]["_last_lr"][0]
+    except (KeyError, IndexError, TypeError) as err:
+        raise CheckpointError(
+            f"{path} holds no learning-rate scheduler state (an averaged or exported checkpoint?): give the "
+            "learning rate as a number instead"
+        ) from err
+    if not isinstance(rate, float) or not rate > 0:
+        raise CheckpointError(f"{path}: its scheduler's last learning rate is {rate!r}, not a positive rate")
+    return rate
+
+
 # The parts every checkpoint must have, as (path of keys, expected type).
 _REQUIRED: tuple[tuple[tuple[str, ...], type], ...] = (
     (("state_dict",), dict),

@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from app.checkpoint import last_learning_rate
 from app.ranks import launched_as_rank_zero
 
 
@@ -38,6 +39,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("rank_zero_log", rank_zero_log_file)
     if not OmegaConf.has_resolver("rank_zero"):
         OmegaConf.register_new_resolver("rank_zero", rank_zero_value)
+    if not OmegaConf.has_resolver("checkpoint_lr"):  # ${checkpoint_lr:PATH}: where a run stopped
+        OmegaConf.register_new_resolver("checkpoint_lr", last_learning_rate, use_cache=True)
 
 
 def is_distributed() -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
 from app.attention.registry import AttentionConfigError
@@ -104,6 +105,22 @@ def train_or_exit(cfg: DictConfig) -> dict[str, Any]:
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except InterpolationResolutionError as err:  # a resolver's refusal (checkpoint_lr: a missing base)
+        cause = refusal_within(err)
+        if cause is None:
+            raise
+        print(f"error: {err.full_key}: {cause}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def refusal_within(err: BaseException) -> BaseException | None:
+    """The :data:`USER_ERRORS` refusal an exception wraps (OmegaConf chains a resolver's), or None."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, USER_ERRORS):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def check_mandatory_keys(cfg: DictConfig) -> None:
