@@ -196,7 +196,7 @@ def test_rnn_attention_on_a_transformer_names_the_valid_kernels() -> None:
     with pytest.raises(
         AttentionConfigError,
         match=r"mechanism='additive' belongs to the rnn model family and does not fit model=transformer; "
-        r"valid kernels for model=transformer: eager \| flash \| linear \| linformer \| lsh \| sdpa "
+        r"valid kernels for model=transformer: eager \| flash \| flex \| linear \| linformer \| lsh \| sdpa "
         r"\| sparse",
     ):
         build_model(
