@@ -25,6 +25,7 @@ from app.models.seq2seq import Seq2Seq
 from app.training.distributed import gather_objects
 from app.training.losses import label_smoothed_nll, linear_smoothed_nll, symmetric_kl
 from app.training.optim import Schedule, build_optimizer
+from app.training.step_reads import first_nonfinite, writes_step_metrics
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\
 
 
 NONFINITE_POLICIES = ("stop", "skip")
+UNCHECKED_LIMIT = 200  # nonfinite_loss=stop checks at least every this many batches
 
 
 class NonFiniteLossError(RuntimeError):
@@ -108,6 +110,11 @@ class TranslationModule(pl.LightningModule):
         self._step_tokens, self._step_reference = 0.0, 0.0
         self.tokens_trained = 0  # real source + target tokens of every training batch so far, all ranks
         self.skipped_batches = 0  # batches skipped for a non-finite loss (nonfinite_loss=skip)
+        # nonfinite_loss=stop: the (2,) loss sums of the steps since the last check, and where each was
+        # (read in one go at a step whose metrics are written: no per-step wait for the device)
+        self._unchecked: list[tuple[torch.Tensor, str]] = []
+        self._last_loss: torch.Tensor | None = None  # this step's mean loss, read only at logging steps
+        self.progress_values: dict[str, float] = {}  # host numbers the progress bar shows (HostValuesBar)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
@@ -176,12 +183,17 @@ class TranslationModule(pl.LightningModule):
     def training_step(self, batch: Batch | PackedBatch, batch_idx: int) -> dict[str, torch.Tensor] | None:
         loss, nll, ntok = self._rdrop_losses(batch) if self.passes_per_batch == 2 else self._losses(batch)
         sums, (targets, tokens) = self._step_sums(loss, nll, (ntok, batch.num_tokens))
-        if not torch.isfinite(sums).all():  # the same decision on every rank: the sums are global
-            return self._nonfinite(batch, float(sums[0]))
+        if self.nonfinite_loss == "skip" and not torch.isfinite(sums).all():  # skip decides now: one read
+            return self._nonfinite(batch, float(sums[0]))  # the same decision on every rank: sums are global
+        if self.nonfinite_loss == "stop":
+            self._unchecked.append((sums, self._where(batch)))
         self._tokens_seen += tokens  # source + target tokens of all ranks
         self.tokens_trained += tokens
         mean_loss = sums[0] / targets
-        self.log("train/loss", mean_loss, prog_bar=True, batch_size=ntok)
+        self._last_loss = mean_loss
+        # Tensors, not shown in the progress bar: Lightning converts progress-bar tensors with .item() after
+        # every batch, but logged ones only when it writes them (every trainer.log_every_n_steps).
+        self.log("train/loss", mean_loss, batch_size=ntok)
         self.log("train/nll", sums[1] / targets, batch_size=ntok)
         self._step_reference = self._step_reference or float(targets)
         self._step_tokens += float(targets)
@@ -213,14 +225,30 @@ class TranslationModule(pl.LightningModule):
             if param.grad is not None:
                 param.grad.mul_(factor)
 
-    def _nonfinite(self, batch: Batch | PackedBatch, value: float) -> None:
-        """Stop with the step and batch size in the message, or skip the batch and count it."""
+    def _where(self, batch: Batch | PackedBatch) -> str:
+        """The step, epoch and batch sizes, for a non-finite loss's message."""
         layout = "packed" if isinstance(batch, PackedBatch) else "padded"
-        where = (
+        return (
             f"step {self.global_step} (epoch {self.current_epoch}), batch of {batch.sentences} sentences, "
             f"{batch.num_target_tokens} target tokens, {layout} sizes src {tuple(batch.src.shape)} "
             f"tgt {tuple(batch.tgt_out.shape)}"
         )
+
+    def check_losses(self) -> None:
+        """``nonfinite_loss=stop``: raise for the first non-finite loss among the steps since the last check.
+
+        One read of the device for all of them, at a step whose metrics are written anyway, before a
+        checkpoint or validation, and at the end of training; a bad step's update is applied meanwhile,
+        but no checkpoint holds it and training goes no further than the next check.
+        """
+        found, self._unchecked = first_nonfinite(self._unchecked), []
+        if found is not None:
+            self._nonfinite(*found)
+
+    def _nonfinite(self, where: Batch | PackedBatch | str, value: float) -> None:
+        """Stop with the step and batch size in the message, or skip the batch and count it."""
+        if not isinstance(where, str):
+            where = self._where(where)
         if self.nonfinite_loss == "stop":
             raise NonFiniteLossError(
                 f"non-finite training loss ({value}) at {where}. Lower optim.lr, keep gradient clipping, use "
@@ -234,7 +262,11 @@ class TranslationModule(pl.LightningModule):
     def on_train_start(self) -> None:
         self._tokens_seen, self._clock = 0, time.perf_counter()  # set-up and the sanity check left out
 
+    def on_train_end(self) -> None:
+        self.check_losses()
+
     def on_validation_start(self) -> None:
+        self.check_losses()  # no validation (or checkpoint after it) of weights a non-finite loss updated
         self._validation_began = time.perf_counter()
 
     def on_validation_end(self) -> None:
@@ -243,10 +275,20 @@ class TranslationModule(pl.LightningModule):
         self._clock += time.perf_counter() - self._validation_began
 
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
-        if (batch_idx + 1) % max(self.trainer.log_every_n_steps, 1) == 0:
-            now = time.perf_counter()
-            self.log("train/tokens_per_s", self._tokens_seen / max(now - self._clock, 1e-9), prog_bar=True)
-            self._tokens_seen, self._clock = 0, now
+        """At the steps whose metrics Lightning writes (and only there), read the device: non-finite
+        losses, the progress bar's loss; log the tokens per second since the last such step."""
+        if not writes_step_metrics(self.trainer):
+            if len(self._unchecked) >= UNCHECKED_LIMIT:  # trainer.log_every_n_steps=0 or very large
+                self.check_losses()
+            return
+        self.check_losses()
+        now = time.perf_counter()
+        tokens_per_s = self._tokens_seen / max(now - self._clock, 1e-9)
+        self.log("train/tokens_per_s", tokens_per_s)
+        self._tokens_seen, self._clock = 0, now
+        self.progress_values["train/tokens_per_s"] = round(tokens_per_s, 1)
+        if self._last_loss is not None:
+            self.progress_values["train/loss"] = round(float(self._last_loss), 3)
 
     def validation_step(self, batch: Batch | PackedBatch, batch_idx: int) -> None:
         """The batch's loss (packed or padded, as it comes), then its greedy or beam translations (always
@@ -338,6 +380,7 @@ class TranslationModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.check_losses()  # never a checkpoint of weights a non-finite loss updated
         checkpoint[CHECKPOINT_KEY] = translation_payload(
             self.config,
             self.translator.src_tokenizer,

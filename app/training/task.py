@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
-from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 
 from app.attention.registry import AttentionConfigError
 from app.checkpoint import CheckpointError
@@ -54,6 +54,7 @@ from app.training.checkpoint_io import AtomicCheckpointIO
 from app.training.loggers import build_logger, log_results_and_close
 from app.training.module import TranslationModule
 from app.training.optim import AUTO, Schedule, configured_schedule
+from app.training.step_reads import HostValuesBar
 from app.training.strategies import weights_only_strategy
 
 log = logging.getLogger(__name__)
@@ -280,7 +281,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, schedule: Schedule | None = No
     options["strategy"] = weights_only_strategy(options.get("strategy", "auto"))  # FSDP resumes weights-only
     callbacks = [*checkpoint_callbacks(cfg, run_dir), *training_callbacks(cfg, run_dir, schedule)]
     if options.get("enable_progress_bar", True):
-        callbacks.append(RichProgressBar())
+        callbacks.append(HostValuesBar())
     return pl.Trainer(
         **options,
         default_root_dir=run_dir,

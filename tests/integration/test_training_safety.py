@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers.device_reads import DeviceReads
 from helpers.training import (
     REPO_ROOT,
     compose_train,
@@ -326,3 +327,25 @@ def test_averaging_different_models_is_refused(
     checkpoint_factory(other, model_cfg={**MODEL_CFG, "decoder_layers": 2}, attention_cfg={"kernel": "eager"})
     with pytest.raises(CheckpointError, match="holds different parameters"):
         average_checkpoints([two_checkpoints[0], other])
+
+
+def test_nonfinite_loss_stop_reads_the_device_once_per_logged_step(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """``nonfinite_loss=stop`` checks the losses of the steps since the last check in one read: at a step
+    whose metrics are written, or before a checkpoint. The error still names the first bad step and its
+    batch, and no checkpoint holds weights a non-finite loss updated."""
+    run_dir = tmp_path / "run"
+    overrides = ("trainer.max_steps=6", "trainer.log_every_n_steps=4", "checkpoint.every_n_steps=2")
+    run = build_fit(tiny_config(corpus, cache_dir, run_dir, *overrides, "trainer.limit_val_batches=0"))
+    reads = DeviceReads()
+    run.trainer.callbacks.append(reads)
+    with torch.no_grad():
+        run.module.model.encoder_norm.weight.fill_(math.nan)
+    pattern = r"non-finite training loss \(nan\) at step 0 \(epoch 0\), batch of \d+ sentences"
+    with reads.counting(), pytest.raises(NonFiniteLossError, match=pattern):
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    # steps 0 and 1 ran unchecked; the checkpoint after step 2's batch (global step 2) checked and stopped
+    assert [len(b.sites) for b in reads.batches] == [0, 1]
+    assert [site.split()[-2:] for site in reads.sites(reads.batches)] == [["first_nonfinite", "(tolist)"]]
+    assert not list(run_dir.rglob("*.ckpt"))

@@ -110,7 +110,7 @@ def test_a_refused_kernel_is_reported_with_why(measured: tuple[dict[str, Any], s
     assert not [r for r in result["rows"] if r["kernel"] in ("linformer", "additive")]
     assert "| linformer | skipped: needs 4 tensors the checkpoint lacks" in table
     assert "| additive | skipped: attention mechanism='additive' belongs to the rnn" in table
-    assert "eager \\| flash \\| flex \\| linear" in table  # the choices the message lists, escaped in the table
+    assert "eager \\| flash \\| flex \\| linear" in table  # the choices it lists, escaped in the table
 
 
 def test_checkpoint_for_decodes_that_checkpoint_as_trained(

@@ -30,7 +30,11 @@ def test_the_logged_rate_leaves_validation_out(
     monkeypatch.setattr(module_file.time, "perf_counter", lambda: now[0])
     logged: dict[str, float] = {}
     monkeypatch.setattr(module, "log", lambda name, value, **kwargs: logged.__setitem__(name, value))
-    monkeypatch.setattr(TranslationModule, "trainer", SimpleNamespace(log_every_n_steps=1))
+    trainer = SimpleNamespace(  # a step whose metrics Lightning writes
+        _logger_connector=SimpleNamespace(should_update_logs=True),
+        fit_loop=SimpleNamespace(_should_accumulate=lambda: False),
+    )
+    monkeypatch.setattr(TranslationModule, "trainer", trainer)
 
     now[0] = 130.0  # set-up and the sanity check's validation took 30 s: not training
     module.on_train_start()
