@@ -77,6 +77,7 @@ def test_every_option_composes_and_builds(group: str, option: str, tmp_path: Pat
             "uptrain.base=null",
             "uptrain.steps=3",
             "uptrain.total_steps=9",
+            "uptrain.lr=1e-3",  # no base to read its last rate from (test_uptrain_config.py reads one)
         ]
     cfg = compose_config(*overrides, tmp_path=tmp_path)
     check_composed(cfg)
