@@ -10,6 +10,7 @@ from typing import Any
 import pytorch_lightning as pl
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from torch import Tensor, nn
 
 from app.bench.memory import anon_rss_mb
 from app.bench.timing import CONF_DIR
@@ -35,7 +36,10 @@ class StepClock(pl.Callback):
         self.tokens: list[int] = []
         self.target_tokens: list[int] = []  # the target side's real tokens (what fairseq and NVIDIA report)
         self.padded: list[int] = []
-        self.flops: list[int] = []
+        # (passes, source lengths (B,), target lengths (B,)) per step, as the batch holds them (on its
+        # device): counted into FLOPs when read (:attr:`flops`), so that no timed step waits for the device
+        self.step_lengths: list[tuple[int, Tensor, Tensor]] = []
+        self.model: nn.Module | None = None
         self.peak_anon_mb: int | None = None
 
     def on_train_batch_start(
@@ -58,12 +62,20 @@ class StepClock(pl.Callback):
         self.padded.append(batch.slots)
         model = pl_module.model
         if self.count_flops and supports_flop_count(model):
-            lengths = batch.sequence_lengths()
+            self.model = model
             passes = pl_module.passes_per_batch  # R-Drop runs the model twice over each batch
-            self.flops.append(passes * transformer_training_flops(model, *lengths))
+            self.step_lengths.append((passes, *batch.sequence_lengths()))
         anon = anon_rss_mb() if self.track_anon_rss else None
         if anon is not None:
             self.peak_anon_mb = max(anon, self.peak_anon_mb or 0)
+
+    @property
+    def flops(self) -> list[int]:
+        """Each timed step's training FLOPs (empty where the model's cannot be counted)."""
+        return [
+            passes * transformer_training_flops(self.model, src, tgt)
+            for passes, src, tgt in self.step_lengths
+        ]
 
     def tokens_per_s(self, warmup: int) -> float:
         """Real tokens per second of the steps after the first ``warmup`` ones."""

@@ -14,6 +14,7 @@ import pytest
 from helpers.device_reads import DeviceReads
 from helpers.training import compose_train, tiny_overrides, write_corpus_slice
 
+from app.bench.runs import StepClock
 from app.training.task import build_fit
 
 # At a written step: Lightning's .item() of train/loss, train/nll and train/tokens_per_s, the module's one
@@ -44,10 +45,11 @@ def test_steps_that_write_no_metrics_read_nothing_from_the_device(
         "evaluate_test=false",
     )
     run = build_fit(compose_train(overrides))
-    reads = DeviceReads()
-    run.trainer.callbacks.append(reads)
+    reads, clock = DeviceReads(), StepClock()  # the benchmark's clock too: it counts FLOPs once, at the end
+    run.trainer.callbacks.extend([reads, clock])
     with reads.counting():
         run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert len(clock.flops) == 6 and min(clock.flops) > 0
 
     assert [b.writes_logs for b in reads.batches] == [False, False, True] * 2
     assert reads.sites(reads.silent_batches()) == {}
