@@ -3,16 +3,9 @@
 block sparsity.
 
 The patterns (``pattern`` option) and their settings are defined once, in
-:mod:`app.attention.kernels.sparse_patterns` (re-exported here); this module computes attention under them.
-
-Positions follow :mod:`app.attention.base`: key ``j`` sits at position ``j`` and query ``i`` at
-``p = i + (Tk - Tq)``, so cached incremental decoding (Tq = 1) sees the pattern of full recomputation.
-With Tq > Tk the first queries get negative positions: they come before every key and are never global.
-A cache truncated to the last ``cache_window()`` keys shifts query and key positions alike, which only
-the sliding window (a function of ``p - j``) survives; every other pattern needs the whole cache.
-
-The patterns relate positions *within one sequence*: cross-attention, where a target position and a
-source position are not comparable, needs a dense kernel (``capabilities.across_sequences`` is False).
+:mod:`app.attention.kernels.sparse_patterns` (re-exported here), with the positions they relate (query and
+key positions within one sequence, so no cross-attention) and which of them survive a truncated cache;
+this module computes attention under them.
 
 ``backend=blockwise`` (the default) never forms the Tq x Tk score matrix: queries go ``block`` positions at
 a time, and each block gathers only the keys its pattern may reach -- a slab shared by the whole block
