@@ -1,7 +1,8 @@
 r"""Reading line-aligned parallel corpora through Hugging Face ``datasets``.
 
 Everything goes through ``datasets.load_dataset`` so that corpora are converted to Arrow once and cached
-(the cache is keyed by the data files, including their modification time, so an edited file is re-read).
+(the cache is keyed by the data files, including their modification time, so an edited file is re-read;
+a cache file cut short is rebuilt: :mod:`app.data.hf_cache`).
 
 Line semantics: one example per line, empty lines are examples too (a parallel corpus must keep them so
 that both sides stay aligned). Only the line terminator is removed; leading and trailing spaces are
@@ -27,6 +28,8 @@ from typing import Any, overload
 import datasets
 import numpy as np
 import pyarrow as pa
+
+from app.data.hf_cache import load_dataset_healed
 
 __all__ = [
     "CorpusError",
@@ -127,7 +130,7 @@ def open_lines(
     if _is_empty_text_file(resolved):
         return _empty_text_dataset()
     try:
-        return datasets.load_dataset(
+        return load_dataset_healed(
             "text",
             data_files=str(resolved),
             split="train",
@@ -220,7 +223,7 @@ def open_hub_parallel(
 ) -> datasets.Dataset:
     """A parallel split from ``datasets.load_dataset`` (hub name, local script/dir or a format name) as a
     memory-mapped dataset with ``src`` and ``tgt`` string columns."""
-    dataset = datasets.load_dataset(
+    dataset = load_dataset_healed(
         name,
         config,
         split=split,
