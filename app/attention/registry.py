@@ -7,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from app.attention.base import AttentionKernel
+from app.errors import ConfigError
 
 _KERNELS: dict[str, type[AttentionKernel]] = {}
 
 
-class AttentionConfigError(ValueError):
+class AttentionConfigError(ConfigError):
     """An attention choice that cannot work, reported before training starts."""
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from app.data.corpora import CorpusLayout, Split
+from app.errors import ConfigError
 from app.inference.directions import direction_scores, mean_scores
 from app.inference.engine import SearchSettings
 from app.inference.engines import open_engine
@@ -104,29 +105,29 @@ def check_selection(config: Mapping[str, Any]) -> None:
     choice = config.get("selection") or {}
     unknown = sorted(set(choice) - set(SELECTION_OPTIONS))
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"unknown selection option(s) {unknown}; valid options: {', '.join(SELECTION_OPTIONS)}"
         )
     if validation_metric(config) not in SELECTION_METRICS:
-        raise ValueError(
+        raise ConfigError(
             f"selection.metric={choice.get('metric')!r}; valid choices: {', '.join(SELECTION_METRICS)}"
         )
     direction = choice.get("direction")
     if direction is not None:
         directions = CorpusLayout.from_config(config.get("data") or {}).scored_directions
         if direction not in directions:
-            raise ValueError(
+            raise ConfigError(
                 f"selection.direction={direction!r} is not one of data.directions "
                 f"({', '.join(directions) or 'none: a bilingual run has one direction'})"
             )
     for key in ("beam", "alpha"):
         values = choice.get(key)
         if values is not None and (isinstance(values, (str, int, float)) or not len(values)):
-            raise ValueError(f"selection.{key} must be a non-empty list (e.g. [4, 5]) or null: {values!r}")
+            raise ConfigError(f"selection.{key} must be a non-empty list (e.g. [4, 5]) or null: {values!r}")
     checkpoint = config.get("checkpoint") or {}
     last, keep = choice.get("average_last") or 0, checkpoint.get("keep_last") or 0
     if last and (last > keep or not checkpoint.get("every_n_steps")):
-        raise ValueError(
+        raise ConfigError(
             f"selection.average_last={last} averages step checkpoints, but checkpoint.keep_last={keep} "
             f"and checkpoint.every_n_steps={checkpoint.get('every_n_steps')}: set keep_last >= {last} "
             "and every_n_steps"

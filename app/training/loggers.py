@@ -12,6 +12,8 @@ from urllib.parse import urlparse
 
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 
+from app.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -74,7 +76,7 @@ def build_logger(cfg: Mapping[str, Any], run_dir: Path) -> Logger | bool:
     if name is None:
         return False
     if name not in LOGGERS:
-        raise ValueError(f"unknown logger {name!r}; valid choices: {', '.join(sorted(LOGGERS))}")
+        raise ConfigError(f"unknown logger {name!r}; valid choices: {', '.join(sorted(LOGGERS))}")
     return LOGGERS[name](cfg, run_dir)
 
 

@@ -18,6 +18,7 @@ from app.checkpoint import CHECKPOINT_KEY, translation_payload
 from app.data.batch import Batch, PackedBatch
 from app.data.corpora import Split
 from app.data.tokenizer import Tokenizer
+from app.errors import ConfigError
 from app.inference.directions import direction_scores, mean_scores
 from app.inference.engine import SearchSettings
 from app.inference.torch_engine import TorchEngine
@@ -84,7 +85,7 @@ class TranslationModule(pl.LightningModule):
         self.config = config  # the resolved run config, stored in every checkpoint
         self.label_smoothing = label_smoothing
         if rdrop_alpha < 0:
-            raise ValueError(f"optim.rdrop_alpha={rdrop_alpha}; it must be >= 0 (0: off)")
+            raise ConfigError(f"optim.rdrop_alpha={rdrop_alpha}; it must be >= 0 (0: off)")
         self.rdrop_alpha = rdrop_alpha
         self.fused_loss = fused_loss
         self.optim_args = {
@@ -97,7 +98,7 @@ class TranslationModule(pl.LightningModule):
         self.schedule = schedule or Schedule("inverse_sqrt", warmup=4000)
         if nonfinite_loss not in NONFINITE_POLICIES:
             choices = ", ".join(NONFINITE_POLICIES)
-            raise ValueError(f"nonfinite_loss={nonfinite_loss!r}; valid choices: {choices}")
+            raise ConfigError(f"nonfinite_loss={nonfinite_loss!r}; valid choices: {choices}")
         self.nonfinite_loss = nonfinite_loss
         self.valid_search = valid_search or SearchSettings(beam=1)
         self.validation = validation

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from app.errors import ConfigError
+
 
 def inverse_sqrt_factor(step: int, warmup: int) -> float:
     """Linear warm-up to 1 over ``warmup`` steps, then decay proportional to 1/sqrt(step)."""
@@ -92,11 +94,11 @@ class Schedule:
 def schedule_factor(schedule: str, warmup: int, decay_steps: int | str | None) -> Schedule:
     """The learning-rate multiplier by optimizer step; a clear error for an unknown or incomplete choice."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"optim.schedule={schedule!r}; valid choices: {', '.join(SCHEDULES)}")
+        raise ConfigError(f"optim.schedule={schedule!r}; valid choices: {', '.join(SCHEDULES)}")
     if schedule == "inverse_sqrt" or decay_steps == AUTO:  # no end, or an end estimated while training
         return Schedule(schedule, warmup)
     if not isinstance(decay_steps, int) or decay_steps <= warmup:
-        raise ValueError(
+        raise ConfigError(
             f"optim.schedule={schedule} decays to zero at optim.decay_steps, which must be an integer above "
             f"optim.warmup_steps={warmup} (got {decay_steps}), e.g. trainer.max_steps, or {AUTO} with "
             "trainer.max_time"
@@ -114,7 +116,7 @@ def configured_schedule(optim: Mapping[str, Any], max_time: Any) -> Schedule:
     decay_steps = optim.get("decay_steps")
     schedule = schedule_factor(optim["schedule"], optim["warmup_steps"], decay_steps)
     if decay_steps == AUTO and not max_time:
-        raise ValueError(NO_TIME_BUDGET)
+        raise ConfigError(NO_TIME_BUDGET)
     return schedule
 
 

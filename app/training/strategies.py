@@ -20,6 +20,7 @@ from pytorch_lightning.strategies import FSDPStrategy, Strategy, StrategyRegistr
 from pytorch_lightning.trainer.states import TrainerFn
 
 from app.checkpoint import CheckpointError
+from app.errors import ConfigError
 from app.training.checkpoint_io import AtomicCheckpointIO
 
 
@@ -95,7 +96,7 @@ def weights_only_strategy(strategy: Any) -> Any:
         for name in StrategyRegistry.available_strategies()
         if issubclass(StrategyRegistry[name]["strategy"], FSDPStrategy) or _reads_through_checkpoint_io(name)
     ]
-    raise ValueError(
+    raise ConfigError(
         f"trainer.strategy={strategy} reads checkpoints with its own unpickler, which could run code "
         f"from a file; valid choices: {', '.join(valid)}"
     )

@@ -30,6 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from app.errors import ConfigError
 from app.rundir import FAILED, RunDir
 from app.training.train_process import ChildEnd, run_train_process, single_run_command
 
@@ -48,7 +49,7 @@ def sweep_job(cfg: DictConfig) -> int | float:
     if returns == EXIT_CODE:
         return returncode
     if returns != VAL_BEST:
-        raise ValueError(f"sweep_returns={returns!r}; valid choices: {EXIT_CODE}, {VAL_BEST}")
+        raise ConfigError(f"sweep_returns={returns!r}; valid choices: {EXIT_CODE}, {VAL_BEST}")
     return job_objective(Path(HydraConfig.get().runtime.output_dir), returncode)
 
 

@@ -18,7 +18,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 
-from app.attention.registry import AttentionConfigError
 from app.checkpoint import CheckpointError
 from app.data.batch import BatchLayoutError
 from app.data.corpora import Corpora, CorpusLayout
@@ -27,6 +26,7 @@ from app.data.datamodule import TranslationDataModule
 from app.data.multi30k import Multi30kError
 from app.data.multilingual import LanguageError
 from app.data.tokenizer import TokenizerError
+from app.errors import ConfigError
 from app.hardware import machine_description, resolve_precision
 from app.inference.run_scoring import score_run
 from app.inference.selection import check_selection, validation_monitor
@@ -59,13 +59,13 @@ from app.training.strategies import weights_only_strategy
 
 log = logging.getLogger(__name__)
 
-# What a run refuses for a reason it names (a config, corpus, tokenizer or checkpoint that cannot work,
-# limits that leave a split empty): the command line reports these as one line, anything else with its
-# traceback.
+# What a run refuses for a reason it names (a config value, attention's included, a corpus, tokenizer or
+# checkpoint that cannot work, limits that leave a split empty): the command line reports these as one
+# line, anything else with its traceback.
 USER_ERRORS = (
-    AttentionConfigError,
     BatchLayoutError,
     CheckpointError,
+    ConfigError,
     CorpusError,
     LanguageError,
     Multi30kError,
@@ -130,7 +130,7 @@ def check_mandatory_keys(cfg: DictConfig) -> None:
     if cfg.get("data") and CorpusLayout.from_config(cfg.data).tagged:  # files come per direction
         missing = [key for key in missing if not key.startswith("data.files")]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"mandatory config value(s) not set: {', '.join(missing)}; "
             f"give each on the command line, e.g. {missing[0]}=..."
         )
@@ -358,7 +358,7 @@ def check_trainer_options(options: dict[str, Any]) -> None:
     valid = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
     bad = sorted(set(options) - valid)
     if bad:
-        raise ValueError(f"unknown trainer option(s) {bad}; valid options: {', '.join(sorted(valid))}")
+        raise ConfigError(f"unknown trainer option(s) {bad}; valid options: {', '.join(sorted(valid))}")
 
 
 def resume_path(cfg: DictConfig, run: RunDir) -> str | None:

@@ -22,7 +22,9 @@ from app.training.task import train, train_or_exit
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
-def test_unset_mandatory_values_are_named_by_path_before_anything_runs(tmp_path: Path) -> None:
+def test_unset_mandatory_values_are_named_by_path_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "run"
     cfg = compose_train(["data=custom", "data.files.valid.src=v.de", f"output_dir={run}"])
     expected = ", ".join(
@@ -35,8 +37,12 @@ def test_unset_mandatory_values_are_named_by_path_before_anything_runs(tmp_path:
             ("valid", "tgt"),
         ]
     )
-    with pytest.raises(ValueError, match=f"mandatory config value\\(s\\) not set: {expected}; "):
-        train(cfg)
+    with pytest.raises(SystemExit) as exit_:
+        train_or_exit(cfg)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"error: mandatory config value(s) not set: {expected}; " + (
+        "give each on the command line, e.g. data.files.test.src=...\n"
+    )
     assert not run.exists()
 
 
@@ -131,3 +137,31 @@ def test_limits_that_leave_no_training_data_stop_before_a_trainer_with_one_error
     assert "are longer than 128 subwords (data.max_len=128)" in line
     assert "data.concat=16 joins 16 sentence pairs an example; experiment=ablation_length" in line
     assert not (run / "checkpoints").exists()  # stopped before the Trainer was built
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optim.schedule=cosine_typo"], "error: optim.schedule='cosine_typo'; valid choices: "),
+        (["selection.metric=rouge"], "error: selection.metric='rouge'; valid choices: "),
+        (["+trainer.max_stepz=3"], "error: unknown trainer option(s) ['max_stepz']; valid options: "),
+        (
+            ["attention=sparse", "attention.pattern=diagonal"],
+            "error: unknown sparse attention pattern 'diagonal'",
+        ),
+    ],
+    ids=["schedule", "selection", "trainer", "attention"],
+)
+def test_a_config_that_cannot_work_is_one_error_line(
+    overrides: list[str], message: str, multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_corpus_slice(
+        multi30k_dir, tmp_path / "m30k", {"train": 40, "val": 5, "test_2016_flickr": 5}
+    )
+    cfg = compose_train(tiny_overrides(corpus, tmp_path / "run", tmp_path / "cache", *overrides))
+    with pytest.raises(SystemExit) as exit_:
+        train_or_exit(cfg)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err  # progress bars, then the one line
+    assert "Traceback" not in err and err.count("error:") == 1, err
+    assert err.splitlines()[-1].startswith(message), err
