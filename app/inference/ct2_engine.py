@@ -11,6 +11,7 @@ from typing import Any
 from app.data.multilingual import Languages
 from app.data.tokenizer import Tokenizer
 from app.decoding import output_limits
+from app.decoding.beam import length_penalty
 from app.export.ct2 import METADATA_FILE, SRC_SPM, TGT_SPM
 from app.inference.engine import (
     Engine,
@@ -53,6 +54,7 @@ class CT2Engine(Engine):
         self.piece_id = {piece: index for index, piece in enumerate(pieces)}
         banned = (self.tgt_tokenizer.pad_id, self.tgt_tokenizer.bos_id)  # never produced, as in torch
         self.banned = [[pieces[i]] for i in banned]
+        self.length_norm = ((self.metadata.get("config") or {}).get("test_search") or {}).get("length_norm")
 
     def translate_nbest(
         self,
@@ -89,10 +91,11 @@ class CT2Engine(Engine):
             ratio=settings.len_ratio,
             extra=settings.len_extra,
         ).tolist()
-        options: dict[str, Any] = {
+        beam = settings.sampling is None and settings.beam > 1
+        options: dict[str, Any] = {  # a beam's finished hypotheses all come back, raw, to be ranked here
             "beam_size": settings.beam,
-            "num_hypotheses": settings.nbest,
-            "length_penalty": settings.alpha,
+            "num_hypotheses": settings.beam if beam else settings.nbest,
+            "length_penalty": 0.0,
             "max_decoding_length": max(limits),
             "return_scores": True,
             "suppress_sequences": self.banned,
@@ -110,16 +113,35 @@ class CT2Engine(Engine):
         results = self.model.translate_batch(pieces, **options)
         outputs = []
         for src, limit, result in zip(pieces, limits, results, strict=True):
-            cut = [hyp[: limit - 1] for hyp in result.hypotheses]  # the torch engine forces EOS at its limit
+            ranked = self.ranked(result, settings) if beam else self.unranked(result)
+            cut = [hyp[: limit - 1] for hyp, _ in ranked]  # the torch engine forces EOS at its limit
             token_scores = self.token_scores(src, cut) if details else [[] for _ in cut]
             texts = self.tgt_tokenizer.decode([self.piece_ids(hyp) for hyp in cut])
             outputs.append(
                 [
                     Translation(text, float(score), scores)
-                    for text, score, scores in zip(texts, result.scores, token_scores, strict=True)
+                    for text, (_, score), scores in zip(texts, ranked, token_scores, strict=True)
                 ]
             )
         return outputs
+
+    @staticmethod
+    def unranked(result: Any) -> list[tuple[list[str], float]]:
+        """Greedy or sampled hypotheses with CTranslate2's scores (summed log-probabilities)."""
+        return list(zip(result.hypotheses, result.scores, strict=True))
+
+    def ranked(self, result: Any, settings: SearchSettings) -> list[tuple[list[str], float]]:
+        """The ``nbest`` best of a beam's finished hypotheses, scored as the torch engine scores them:
+        summed log-probability over :func:`~app.decoding.beam.length_penalty` of the settings' (else the
+        model's) length norm, EOS counted. CTranslate2 knows only |Y| ** alpha, so it returns them raw
+        (``length_penalty=0``): both searches keep the K best raw scores and stop at K finished
+        hypotheses, so only the final ranking depends on the norm."""
+        norm = settings.length_norm or self.length_norm or "gnmt"
+        scored = [
+            (hyp, float(raw) / float(length_penalty(len(hyp) + 1, settings.alpha, norm)))
+            for hyp, raw in self.unranked(result)
+        ]
+        return sorted(scored, key=lambda pair: -pair[1])[: settings.nbest]
 
     def piece_ids(self, pieces: list[str]) -> list[int]:
         return [self.piece_id.get(p, self.tgt_tokenizer.unk_id) for p in pieces]

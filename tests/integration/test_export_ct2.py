@@ -88,6 +88,7 @@ def test_ct2_greedy_equals_torch_greedy(
     assert [h[0].text for h in got] == [h[0].text for h in expected]
     for mine, theirs in zip(expected, got, strict=True):  # same model, same probabilities
         assert mine[0].token_scores == pytest.approx(theirs[0].token_scores, abs=1e-3)
+        assert mine[0].score == pytest.approx(theirs[0].score, rel=2e-3)  # summed, no length penalty
     with pytest.raises(ValueError, match="--ensemble needs the torch engine"):
         open_engine(exported, ensemble=[str(ckpt)])  # an export holds one model
     assert (torch_engine.source, ct2_engine.source) == (str(ckpt), str(exported))
@@ -141,3 +142,21 @@ def test_unsupported_variants_name_what_ct2_lacks(model_cfg: dict, attention_cfg
     with pytest.raises(ExportError, match=message) as err:
         check_exportable(model)
     assert "CTranslate2" in str(err.value)
+
+
+@pytest.mark.parametrize("length_norm", ["gnmt", "power"])
+def test_ct2_beam_ranks_as_the_torch_engine(
+    checkpoint_factory: Callable[..., torch.nn.Module], tmp_path: Path, length_norm: str
+) -> None:
+    """The same hypotheses, scores and order as the torch engine's beam search for either length norm:
+    CTranslate2 only knows |Y| ** alpha, so the engine ranks its finished beams itself."""
+    ckpt = tmp_path / "model.ckpt"
+    checkpoint_factory(ckpt, model_cfg=BASE_MODEL, attention_cfg={"kernel": "eager"}, prepare=learn_a_little)
+    torch_engine, ct2_engine = open_engine(ckpt), open_engine(export_ct2(ckpt, tmp_path / "ct2"))
+    for alpha in (0.0, 0.6, 2.0):
+        settings = SearchSettings(beam=4, nbest=4, alpha=alpha, length_norm=length_norm, batch_size=2)
+        expected = torch_engine.translate_nbest(SENTENCES, settings)
+        got = ct2_engine.translate_nbest(SENTENCES, settings)
+        assert [[h.text for h in hyps] for hyps in got] == [[h.text for h in hyps] for hyps in expected]
+        for mine, theirs in zip(expected, got, strict=True):
+            assert [h.score for h in theirs] == pytest.approx([h.score for h in mine], rel=2e-3)
