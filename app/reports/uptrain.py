@@ -58,13 +58,25 @@ def steps(group: Group) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def base_steps(checkpoint: str) -> int | None:
-    """The steps the start model trained for, from its run's results.json (``<run>/checkpoints/x.ckpt``)."""
-    results = Path(checkpoint).parent.parent / RESULTS
+def base_results(checkpoint: str) -> dict[str, Any]:
+    """The start model's own results.json (``<run>/checkpoints/x.ckpt``); empty where there is none."""
     try:
-        return int(json.loads(results.read_text())["global_step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        found = json.loads((Path(checkpoint).parent.parent / RESULTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def base_steps(checkpoint: str) -> int | None:
+    """The steps the start model trained for, from its run's results.json."""
+    value = base_results(checkpoint).get("global_step")
+    return value if isinstance(value, int) else None
+
+
+def base_bleu(checkpoint: str) -> float | None:
+    """The start model's own cased test BLEU, from its run's results.json."""
+    value = base_results(checkpoint).get("test_bleu")
+    return float(value) if isinstance(value, int | float) else None
 
 
 def uptrain_sections(groups: list[Group], rows: list[list[dict[str, Any]]]) -> list[Block]:
@@ -85,7 +97,7 @@ def pair_section(
     scratch_by_name = {variant.name: variant for variant in theirs.variants}
     rows_by_name = {row["variant"]: row for row in rows[converted]}
     start = ours.held[START]["init_from"]
-    x, total, b = steps(ours), steps(theirs), base_steps(start)
+    x, total, b, base = steps(ours), steps(theirs), base_steps(start), base_bleu(start)
     lines, verdicts = [], []
     for variant in ours.variants:
         other = scratch_by_name.get(variant.name)
@@ -103,14 +115,15 @@ def pair_section(
             starred(test["p_value_seeds"], test["significant_seeds"]),
             f"{mine.get('decode_sent_s_greedy') or '-'}",
         ])  # fmt: skip
-        verdicts.append(verdict(variant.name, mine, its, test))
+        verdicts.append(verdict(variant.name, mine, its, test, base))
     share = f" ({100 * x / b:.0f}% of the base's {b} steps)" if x and b else ""
     same = "the same total budget" if not (x and b) or b + x == total else f"NOT the base's {b} + {x} steps"
+    scored = f" (test BLEU {base} as trained)" if base is not None else ""
     return [
         Heading("Converted and uptrained against trained from scratch", level=2),
         Paragraph(
-            f"Group {converted + 1}: each job starts from {start}, its attention converted to the job's "
-            f"(app/attention/convert.py), then trains {x} steps{share}. Group {scratch + 1}: the same "
+            f"Group {converted + 1}: each job starts from {start}{scored}, its attention converted to the "
+            f"job's (app/attention/convert.py), then trains {x} steps{share}. Group {scratch + 1}: the same "
             f"attention from random weights for {total} steps, {same}. Every converted job "
             "starts from the one base model, so its seeds vary the uptraining only. Difference: cased "
             "test BLEU, converted minus scratch, the report's paired bootstrap over the pooled seeds "
@@ -126,8 +139,11 @@ def starred(p_value: float | None, significant: bool | None) -> str:
     return "" if p_value is None else f"{p_value}{' *' if significant else ''}"
 
 
-def verdict(name: str, mine: dict[str, Any], its: dict[str, Any], test: dict[str, Any]) -> str:
-    """One line: whether converting paid for this variant, and its cost against the converted MHA job."""
+def verdict(
+    name: str, mine: dict[str, Any], its: dict[str, Any], test: dict[str, Any], base: float | None = None
+) -> str:
+    """One line: whether converting paid for this variant, and its cost against the converted MHA job and
+    against the base model as trained (``base``: its test BLEU)."""
     if test["delta_bleu"] is None:
         if mine.get("bleu") is None or its.get("bleu") is None:
             return f"{name}: no comparison (a job did not finish)"
@@ -141,4 +157,6 @@ def verdict(name: str, mine: dict[str, Any], its: dict[str, Any], test: dict[str
         )
     if mine.get("delta_bleu") is not None:
         said += f"; {mine['delta_bleu']:+.2f} against the converted arm's MHA job"
+    if base is not None and mine.get("bleu") is not None:
+        said += f"; {mine['bleu'] - base:+.2f} against the base model ({base})"
     return said

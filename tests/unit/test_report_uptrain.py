@@ -49,7 +49,7 @@ def test_the_arms_are_lined_up_per_variant_with_their_tests(tmp_path: Path) -> N
     (data / "test.de").write_text("\n".join(["x"] * len(REFS)) + "\n")
     (data / "test.en").write_text("\n".join(REFS) + "\n")
     (base_run / "checkpoints").mkdir(parents=True)
-    (base_run / "results.json").write_text(json.dumps({"global_step": 400}))
+    (base_run / "results.json").write_text(json.dumps({"global_step": 400, "test_bleu": 74.5}))
     base = base_run / "checkpoints" / "best.ckpt"
     for seed in (1, 2):  # converted MQA beats scratch MQA; MHA is equal in both arms
         for arm, variant, good in [("converted", "eager", 3), ("scratch", "eager", 3),
@@ -65,7 +65,7 @@ def test_the_arms_are_lined_up_per_variant_with_their_tests(tmp_path: Path) -> N
     section = markdown(uptrain_sections(groups, rows))
     assert section.startswith("## Converted and uptrained against trained from scratch")
     assert (
-        f"each job starts from {base}" in section
+        f"each job starts from {base} (test BLEU 74.5 as trained)" in section
         and "then trains 40 steps (10% of the base's 400 steps)" in section
     )
     assert "for 440 steps, the same total budget" in section
@@ -74,4 +74,5 @@ def test_the_arms_are_lined_up_per_variant_with_their_tests(tmp_path: Path) -> N
     assert cells[1:4] == ["40 / 440", "75.0 ± 0.0", "25.0 ± 0.0"]
     assert cells[4].startswith("+") and cells[5].endswith("*")  # the paired test finds the difference
     assert "- eager kv=1: converted +" in section and "over seeds p" in section
+    assert "; +0.50 against the base model (74.5)" in section  # each variant against the MHA model as trained
     assert "| eager | 40 / 440 | 75.0 ± 0.0 | 75.0 ± 0.0 | +0.00" in section
