@@ -22,6 +22,7 @@ from app.data.encoded import EncodedPairs, ResampledPairs, encode_split
 from app.data.length_check import LengthLimits, check_evaluation_lengths, check_training_lengths
 from app.data.multilingual import temperature_rows
 from app.data.tokenizer import SubwordSampling, Tokenizer
+from app.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,10 @@ class TranslationDataModule(pl.LightningDataModule):
         seed: int,
     ) -> TranslationDataModule:
         """The datamodule the ``data`` config describes (the one place its batching keys are read)."""
+        for key in ("max_tokens", "eval_max_tokens"):  # eval_max_tokens null: max_tokens
+            value = data.get(key)
+            if (value is not None or key == "max_tokens") and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"data.{key}={value!r}: a batch's budget of padded tokens, a positive int")
         return cls(
             corpora=corpora,
             src_tokenizer=tokenizers[0],

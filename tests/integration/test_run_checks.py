@@ -149,8 +149,9 @@ def test_limits_that_leave_no_training_data_stop_before_a_trainer_with_one_error
             ["attention=sparse", "attention.pattern=diagonal"],
             "error: unknown sparse attention pattern 'diagonal'",
         ),
+        (["data.max_tokens=-5"], "error: data.max_tokens=-5: a batch's budget of padded tokens, a positive"),
     ],
-    ids=["schedule", "selection", "trainer", "attention"],
+    ids=["schedule", "selection", "trainer", "attention", "batch"],
 )
 def test_a_config_that_cannot_work_is_one_error_line(
     overrides: list[str], message: str, multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
