@@ -60,7 +60,7 @@ def token_search(
     limits = limits.to(device)
     steps = int(limits.max())
     ids = torch.full((batch, steps), eos_id, dtype=torch.long, device=device)  # after EOS: EOS, score 0
-    scores = torch.zeros(batch, steps, device=device)
+    scores = torch.zeros(batch, steps, device=device, dtype=torch.float32)  # also under a bf16 default dtype
     tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)
     live, live_limits = torch.arange(batch, device=device), limits  # (b,) the decoded rows' sentences
     limit_steps = frozenset(limits.tolist())
