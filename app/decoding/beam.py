@@ -73,14 +73,14 @@ class Beams:
     @classmethod
     def start(cls, limits: Tensor, k: int, bos_id: int) -> Beams:
         batch, device = limits.size(0), limits.device
-        scores = torch.full((batch, k), float("-inf"), device=device)
+        scores = torch.full((batch, k), float("-inf"), device=device, dtype=torch.float32)  # also under bf16
         scores[:, 0] = 0.0  # all beams start identical: keep one alive
         return cls(
             sentence=torch.arange(batch, device=device),
             scores=scores,
             tokens=torch.full((batch * k,), bos_id, dtype=torch.long, device=device),
             history=torch.empty(batch * k, 0, dtype=torch.long, device=device),
-            token_scores=torch.empty(batch * k, 0, device=device),
+            token_scores=torch.empty(batch * k, 0, device=device, dtype=torch.float32),
             limits=limits.repeat_interleave(k),
         )
 
