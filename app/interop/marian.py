@@ -29,7 +29,7 @@ from torch import Tensor
 from app.checkpoint import model_checkpoint
 from app.data.tokenizer import Tokenizer
 from app.interop.marian_files import TARGET_VOCAB, MarianImportError, MarianModel, read_marian_dir
-from app.interop.spm_vocab import renumbered_model
+from app.interop.spm_vocab import SPECIAL_PIECES, renumbered_model
 from app.models import build_model
 from app.models.embeddings import sinusoid_table
 
@@ -140,7 +140,14 @@ def vocabulary_order(vocab: dict[str, int], file: str, *, size: int, pad: Any, e
         )
     order: list[int | None] = [None, unk, pad, eos]
     order += [index for index in range(size) if index not in (pad, eos, unk)]
-    return Vocabulary(file=file, order=order, pieces=["", "", "", ""] + [names[i] for i in order[4:]])
+    pieces = ["", "", "", ""] + [names[i] for i in order[4:]]
+    misplaced = [piece for piece in pieces[4:] if piece in SPECIAL_PIECES.values()]
+    if misplaced:  # e.g. a target <pad> that is not the decoder's start
+        raise MarianImportError(
+            f"{file} has {misplaced[0]!r} at id {vocab[misplaced[0]]}, but config.json gives that part to "
+            f"no id there (pad_token_id={pad}, eos_token_id={eos})"
+        )
+    return Vocabulary(file=file, order=order, pieces=pieces)
 
 
 def renumbered_rows(matrix: Tensor, order: list[int | None], fill: float) -> Tensor:
@@ -155,7 +162,9 @@ def vocabulary_rows(name: str, matrix: Tensor, vocab: Vocabulary, fill: float = 
     """Tensor ``name`` (one row per entry of ``vocab``) in our row order, float32; refused when its row
     count is not the vocabulary's."""
     if matrix.size(0) != len(vocab.order) - 1:
-        raise MarianImportError(f"{name} has {matrix.size(0)} rows but {vocab.file} {len(vocab.order) - 1}")
+        raise MarianImportError(
+            f"{name} has {matrix.size(0)} rows but {vocab.file} has {len(vocab.order) - 1} entries"
+        )
     return renumbered_rows(matrix.float(), vocab.order, fill)
 
 

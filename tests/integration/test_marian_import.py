@@ -323,8 +323,12 @@ def test_a_model_it_cannot_rebuild_is_refused_by_name(
         (lambda d: (d / "target_vocab.json").unlink(), "lacks target_vocab.json"),
         (lambda d: (d / "target_vocab.json").write_text("{not json"), "target_vocab.json is not valid JSON"),
         (lambda d: edit_config(d, decoder_vocab_size=7), "target_vocab.json does not number 0..6"),
+        (
+            lambda d: edit_config(d, pad_token_id=5, decoder_start_token_id=5),
+            "target_vocab.json has '<pad>' at id 99",
+        ),
     ],
-    ids=["missing", "malformed", "wrong-size"],
+    ids=["missing", "malformed", "wrong-size", "pad-elsewhere"],
 )
 def test_a_bad_target_vocabulary_is_refused_in_one_line(
     marian_dirs: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, message
