@@ -6,7 +6,8 @@
 
 The checkpoint translates (translate.py, scripts/serve.py), exports (scripts/export.py --format ct2) and
 fine-tunes (train.py init_from=, with the overrides printed here) like one trained here. DIR holds
-config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm and vocab.json.
+config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm and vocab.json, and
+target_vocab.json where the model has separate source and target vocabularies (opus-mt-tc-* models).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.checkpoint import CheckpointError, save_atomically
-from app.interop.marian import check_marian_dir, download, import_marian, languages_from_name
+from app.interop.marian import import_marian
+from app.interop.marian_files import check_marian_dir, download, languages_from_name
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -97,6 +97,7 @@ class CT2Engine(Engine):
             "num_hypotheses": settings.beam if beam else settings.nbest,
             "length_penalty": 0.0,
             "max_decoding_length": max(limits),
+            "min_decoding_length": 0,  # EOS first is an empty translation, as in torch (CT2's default: 1)
             "return_scores": True,
             "suppress_sequences": self.banned,
         }

@@ -1,13 +1,17 @@
 """Marian / OPUS-MT models (Hugging Face's ``MarianMTModel`` directories) as checkpoints of this toolkit.
 
-A directory as ``save_pretrained`` writes it (``config.json``, ``model.safetensors`` or
-``pytorch_model.bin``, ``source.spm``, ``target.spm``, ``vocab.json``) becomes a checkpoint that
-``translate.py``, the server, the CTranslate2 export and ``init_from`` take like any trained here. Nothing
-is special-cased downstream: the architecture is this toolkit's Transformer with the options Marian needs
-(``conf/model/marian.yaml``: post-norm, swish, sines-then-cosines positions, a bias on the logits), and the
-vocabulary is renumbered to our fixed special ids (:func:`vocabulary_order`).
+A directory as ``save_pretrained`` writes it (read by :mod:`app.interop.marian_files`) becomes a
+checkpoint that ``translate.py``, the server, the CTranslate2 export and ``init_from`` take like any trained
+here. Nothing is special-cased downstream: the architecture is this toolkit's Transformer with the options
+Marian needs (``conf/model/marian.yaml``: post-norm, swish, sines-then-cosines positions, a bias on the
+logits), and each vocabulary is renumbered to our fixed special ids (:func:`vocabulary_order`).
 
-The files are read as data only: safetensors, or ``torch.load(weights_only=True)`` for a ``.bin``.
+Marian models come in two vocabulary layouts, and both import: one joint vocabulary (``vocab.json``) and one
+embedding for source, target and output (most OPUS-MT models), or separate ones
+(``share_encoder_decoder_embeddings: false``: ``vocab.json`` and the encoder's embedding for the source,
+``target_vocab.json``, the decoder's embedding, the output layer tied to it and ``final_logits_bias`` for
+the target, each side with its own size). The second becomes our Transformer with
+``share_src_tgt_embeddings: false``, each side's tokenizer and rows in its own vocabulary's order.
 """
 
 from __future__ import annotations
@@ -24,87 +28,18 @@ from torch import Tensor
 
 from app.checkpoint import model_checkpoint
 from app.data.tokenizer import Tokenizer
-from app.interop.spm_vocab import renumbered_model
+from app.interop.marian_files import TARGET_VOCAB, MarianImportError, MarianModel, read_marian_dir
+from app.interop.spm_vocab import SPECIAL_PIECES, renumbered_model
 from app.models import build_model
 from app.models.embeddings import sinusoid_table
 
 log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-REQUIRED_FILES = ("config.json", "source.spm", "target.spm", "vocab.json")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}  # Hugging Face's -> ours
 NEVER_LOGIT = -1.0e4
 """The logit bias of our padding id, which Marian's vocabulary lacks (see :func:`vocabulary_order`): its
 probability underflows to exactly 0 in float32, so every other token's log-probability is Marian's."""
-
-
-class MarianImportError(ValueError):
-    """A directory that is not a Marian model this toolkit can rebuild; the message names what is wrong."""
-
-
-@dataclass
-class MarianModel:
-    """A Marian directory's parts, read and checked."""
-
-    config: dict[str, Any]  # config.json
-    weights: dict[str, Tensor]  # the state dict, Hugging Face's names
-    src_spm: bytes
-    tgt_spm: bytes
-    vocab: dict[str, int]  # vocab.json: piece -> Marian id
-
-
-def check_marian_dir(directory: str | os.PathLike[str]) -> Path:
-    """``directory`` as a path, refused when it is not a directory with a Marian model's files."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise MarianImportError(f"{root} is not a directory (expected a Hugging Face Marian model directory)")
-    missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
-    if missing:
-        raise MarianImportError(f"{root} lacks {', '.join(missing)}: not a Marian (OPUS-MT) model directory")
-    return root
-
-
-def read_marian_dir(directory: str | os.PathLike[str]) -> MarianModel:
-    """Read a Marian model directory, refusing a missing file or a weights file that is more than data."""
-    root = check_marian_dir(directory)
-    config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    if config.get("model_type") != "marian":
-        raise MarianImportError(
-            f"{root}/config.json has model_type {config.get('model_type')!r}, not 'marian'"
-        )
-    vocab = json.loads((root / "vocab.json").read_text(encoding="utf-8"))
-    return MarianModel(
-        config=config,
-        weights=read_weights(root),
-        src_spm=(root / "source.spm").read_bytes(),
-        tgt_spm=(root / "target.spm").read_bytes(),
-        vocab={str(piece): int(index) for piece, index in vocab.items()},
-    )
-
-
-def read_weights(root: Path) -> dict[str, Tensor]:
-    """The state dict from safetensors (preferred) or a ``.bin`` opened weights-only, never unpickled."""
-    if (root / WEIGHT_FILES[0]).is_file():
-        try:
-            from safetensors.torch import load_file
-        except ImportError as err:
-            raise MarianImportError(
-                f"{root / WEIGHT_FILES[0]} needs the safetensors package: pip install -e '.[marian]'"
-            ) from err
-        return load_file(root / WEIGHT_FILES[0])
-    path = root / WEIGHT_FILES[1]
-    if not path.is_file():
-        raise MarianImportError(f"{root} holds no weights: expected {' or '.join(WEIGHT_FILES)}")
-    try:
-        weights = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # the weights-only unpickler refuses code with any error type
-        raise MarianImportError(
-            f"refused to read {path} as weights only ({type(err).__name__}: {err})"
-        ) from err
-    if not isinstance(weights, dict) or not all(isinstance(v, Tensor) for v in weights.values()):
-        raise MarianImportError(f"{path} is not a state dict of tensors")
-    return weights
 
 
 def model_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -119,12 +54,12 @@ def model_options(config: dict[str, Any]) -> dict[str, Any]:
         )
         if get(a) != get(b)
     ]
-    if get("decoder_vocab_size") not in (None, get("vocab_size")):
+    shared = bool(get("share_encoder_decoder_embeddings", True))
+    if shared and get("decoder_vocab_size") not in (None, get("vocab_size")):
         mismatched.append(
-            f"decoder_vocab_size={get('decoder_vocab_size')} but vocab_size={get('vocab_size')}"
+            f"decoder_vocab_size={get('decoder_vocab_size')} but vocab_size={get('vocab_size')} with "
+            "share_encoder_decoder_embeddings=true (one shared vocabulary has one size)"
         )
-    if not get("share_encoder_decoder_embeddings", True):
-        mismatched.append("share_encoder_decoder_embeddings=false (separate source/target vocabularies)")
     if get("activation_function", "gelu") not in ACTIVATIONS:
         mismatched.append(
             f"activation_function={get('activation_function')!r} (ours: {', '.join(ACTIVATIONS)})"
@@ -135,7 +70,7 @@ def model_options(config: dict[str, Any]) -> dict[str, Any]:
         mismatched.append("pre-norm or embedding layer norms (Marian's OPUS-MT models have neither)")
     if mismatched:
         raise MarianImportError(f"cannot rebuild this Marian model: {'; '.join(mismatched)}")
-    return {
+    options = {
         "d_model": get("d_model"),
         "num_heads": get("encoder_attention_heads"),
         "encoder_layers": get("encoder_layers"),
@@ -148,28 +83,71 @@ def model_options(config: dict[str, Any]) -> dict[str, Any]:
         "tie_embeddings": bool(get("tie_word_embeddings", True)),
         "max_positions": get("max_position_embeddings", 512),
     }
+    if not shared:  # the key is left out otherwise: a shared model's overrides stay as they were
+        options["share_src_tgt_embeddings"] = False
+    return options
 
 
-def vocabulary_order(vocab: dict[str, int], config: dict[str, Any]) -> tuple[list[int | None], list[str]]:
-    """Marian's id at each of our ids (None: our padding, which Marian lacks) and the piece names.
+@dataclass(frozen=True)
+class Vocabulary:
+    """One side's Marian vocabulary in our id order."""
+
+    file: str  # where it was read: vocab.json or target_vocab.json
+    order: list[int | None]  # Marian's id at each of our ids (None: our padding, which Marian lacks)
+    pieces: list[str]  # the piece at each of our ids ("" at our four special ids)
+
+
+def vocabularies(marian: MarianModel) -> tuple[Vocabulary, Vocabulary]:
+    """The (source, target) vocabularies in our order: the same object twice when they are shared.
+
+    The decoder starts from ``pad_token_id`` (``decoder_start_token_id`` must equal it), an id of the
+    target vocabulary. With separate vocabularies the source side's own ``<pad>`` entry, which no text
+    produces, takes our source bos slot; the encoder never reads that id.
+    """
+    config = marian.config
+    pad, eos = config.get("pad_token_id"), config.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0]
+    source_size = config.get("vocab_size", len(marian.vocab))
+    if marian.tgt_vocab is None:
+        shared = vocabulary_order(marian.vocab, "vocab.json", size=source_size, pad=pad, eos=eos)
+        return shared, shared
+    source_pad = marian.vocab.get("<pad>", pad)
+    source = vocabulary_order(marian.vocab, "vocab.json", size=source_size, pad=source_pad, eos=eos)
+    target_size = config.get("decoder_vocab_size") or source_size
+    target = vocabulary_order(marian.tgt_vocab, TARGET_VOCAB, size=target_size, pad=pad, eos=eos)
+    return source, target
+
+
+def vocabulary_order(vocab: dict[str, int], file: str, *, size: int, pad: Any, eos: Any) -> Vocabulary:
+    """One vocabulary (``file``, ``size`` entries) renumbered to our special ids.
 
     Marian's vocabulary has eos 0, unk 1 and its padding last, and starts decoding from the padding; ours
     has pad 0, unk 1, bos 2, eos 3. So our bos takes Marian's padding row (the decoder's start), our eos
     Marian's eos, our unk Marian's unk, and our pad is a new row that is never produced (logit bias
     :data:`NEVER_LOGIT`); the other entries follow in Marian's order.
     """
-    size = config.get("vocab_size", len(vocab))
     names = {index: piece for piece, index in vocab.items()}
     if sorted(names) != list(range(size)):
-        raise MarianImportError(f"vocab.json does not number 0..{size - 1} exactly once (config vocab_size)")
-    pad, eos, unk = config.get("pad_token_id"), config.get("eos_token_id"), vocab.get("<unk>")
-    if isinstance(eos, list):
-        eos = eos[0]
-    if None in (pad, eos, unk) or len({pad, eos, unk}) < 3:
-        raise MarianImportError(f"need distinct pad, eos and <unk> ids, got pad={pad} eos={eos} unk={unk}")
+        raise MarianImportError(
+            f"{file} does not number 0..{size - 1} exactly once ({len(vocab)} entries; config.json says "
+            f"{size} for this side)"
+        )
+    unk = vocab.get("<unk>")
+    if None in (pad, eos, unk) or len({pad, eos, unk}) < 3 or not {pad, eos, unk} <= set(names):
+        raise MarianImportError(
+            f"{file}: need distinct pad, eos and <unk> ids within it, got pad={pad} eos={eos} unk={unk}"
+        )
     order: list[int | None] = [None, unk, pad, eos]
     order += [index for index in range(size) if index not in (pad, eos, unk)]
-    return order, ["", "", "", ""] + [names[index] for index in order[4:]]
+    pieces = ["", "", "", ""] + [names[i] for i in order[4:]]
+    misplaced = [piece for piece in pieces[4:] if piece in SPECIAL_PIECES.values()]
+    if misplaced:  # e.g. a target <pad> that is not the decoder's start
+        raise MarianImportError(
+            f"{file} has {misplaced[0]!r} at id {vocab[misplaced[0]]}, but config.json gives that part to "
+            f"no id there (pad_token_id={pad}, eos_token_id={eos})"
+        )
+    return Vocabulary(file=file, order=order, pieces=pieces)
 
 
 def renumbered_rows(matrix: Tensor, order: list[int | None], fill: float) -> Tensor:
@@ -178,6 +156,33 @@ def renumbered_rows(matrix: Tensor, order: list[int | None], fill: float) -> Ten
     rows = matrix.index_select(0, index).clone()
     rows[[i for i, m in enumerate(order) if m is None]] = fill
     return rows
+
+
+def vocabulary_rows(name: str, matrix: Tensor, vocab: Vocabulary, fill: float = 0.0) -> Tensor:
+    """Tensor ``name`` (one row per entry of ``vocab``) in our row order, float32; refused when its row
+    count is not the vocabulary's."""
+    if matrix.size(0) != len(vocab.order) - 1:
+        raise MarianImportError(
+            f"{name} has {matrix.size(0)} rows but {vocab.file} has {len(vocab.order) - 1} entries"
+        )
+    return renumbered_rows(matrix.float(), vocab.order, fill)
+
+
+def tokenizers(
+    marian: MarianModel, source: Vocabulary, target: Vocabulary
+) -> tuple[list[Tokenizer], list[str]]:
+    """Our (source, target) tokenizers: each sentencepiece model renumbered to its side's vocabulary, and
+    notes on pieces a vocabulary lacks."""
+    notes, made = [], []
+    for side, proto, vocab in (("source", marian.src_spm, source), ("target", marian.tgt_spm, target)):
+        renumbered = renumbered_model(proto, vocab.pieces)
+        if renumbered.dropped:
+            notes.append(
+                f"{side}.spm has {len(renumbered.dropped)} pieces that {vocab.file} lacks (Marian reads them "
+                f"as <unk>; here text is cut around them), e.g. {list(renumbered.dropped[:3])}"
+            )
+        made.append(Tokenizer.from_bytes(renumbered.model))
+    return made, notes
 
 
 def layer_names(prefix: str, index: int, decoder: bool) -> dict[str, str]:
@@ -198,10 +203,10 @@ def layer_names(prefix: str, index: int, decoder: bool) -> dict[str, str]:
 
 
 def converted_weights(
-    model: MarianModel, options: dict[str, Any], order: list[int | None]
+    model: MarianModel, options: dict[str, Any], source: Vocabulary, target: Vocabulary
 ) -> dict[str, Tensor]:
     """Our state dict (without the ``model.`` prefix) from Marian's weights."""
-    weights, config = model.weights, model.config
+    weights = model.weights
     names: dict[str, str] = {}
     for index in range(options["encoder_layers"]):
         names.update(layer_names("encoder", index, decoder=False))
@@ -213,17 +218,39 @@ def converted_weights(
             if f"{theirs}.{part}" not in weights:
                 raise MarianImportError(f"the weights lack {theirs}.{part}")
             ours[f"{mine}.{part}"] = weights[f"{theirs}.{part}"].float()
-    shared = weights.get("model.shared.weight", weights.get("model.encoder.embed_tokens.weight"))
-    if shared is None:
-        raise MarianImportError("the weights lack model.shared.weight (the shared token embeddings)")
-    embedding = renumbered_rows(shared.float(), order, 0.0)
-    ours["src_embed.weight"] = ours["tgt_embed.weight"] = embedding
-    head = weights.get("lm_head.weight", shared) if not config.get("tie_word_embeddings", True) else shared
-    ours["output.weight"] = embedding if head is shared else renumbered_rows(head.float(), order, 0.0)
-    bias = weights.get("final_logits_bias", torch.zeros(1, shared.size(0)))[0].float()
-    ours["output.bias"] = renumbered_rows(bias, order, NEVER_LOGIT)
+    ours.update(vocabulary_weights(model, source, target))
     check_positions(weights, options)
     return ours
+
+
+def vocabulary_weights(model: MarianModel, source: Vocabulary, target: Vocabulary) -> dict[str, Tensor]:
+    """The token embeddings, the output layer and its bias, rows in our order.
+
+    Shared: ``model.shared`` (or the encoder's copy of it) is source, target and (tied) output embedding.
+    Separate: the encoder's embedding over the source vocabulary, the decoder's over the target one, the
+    output tied to the decoder's (``lm_head.weight`` where ``tie_word_embeddings`` is false), and
+    ``final_logits_bias`` over the target vocabulary."""
+    weights, tied = model.weights, model.config.get("tie_word_embeddings", True)
+    keys = ("model.shared.weight", "model.encoder.embed_tokens.weight")
+    if source is target:
+        found = [key for key in keys if key in weights]
+        keys = (found[0] if found else keys[0],) * 2
+    else:
+        keys = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
+    missing = [key for key in keys if key not in weights]
+    if missing:
+        raise MarianImportError(f"the weights lack {missing[0]} (token embeddings)")
+    src = vocabulary_rows(keys[0], weights[keys[0]], source)
+    tgt = src if source is target else vocabulary_rows(keys[1], weights[keys[1]], target)
+    head = "lm_head.weight" if not tied and "lm_head.weight" in weights else None
+    output = tgt if head is None else vocabulary_rows(head, weights[head], target)
+    bias = weights.get("final_logits_bias", torch.zeros(1, len(target.order) - 1))
+    return {
+        "src_embed.weight": src,
+        "tgt_embed.weight": tgt,
+        "output.weight": output,
+        "output.bias": vocabulary_rows("final_logits_bias", bias[0], target, NEVER_LOGIT),
+    }
 
 
 def check_positions(weights: dict[str, Tensor], options: dict[str, Any]) -> None:
@@ -252,27 +279,17 @@ def import_marian(directory: str | os.PathLike[str], *, src_lang: str, tgt_lang:
     """The checkpoint of the Marian model in ``directory`` (see the module docstring)."""
     marian = read_marian_dir(directory)
     options = model_options(marian.config)
-    order, pieces = vocabulary_order(marian.vocab, marian.config)
-    notes = []
-    tokenizers = []
-    for side, proto in (("source", marian.src_spm), ("target", marian.tgt_spm)):
-        renumbered = renumbered_model(proto, pieces)
-        if renumbered.dropped:
-            notes.append(
-                f"{side}.spm has {len(renumbered.dropped)} pieces that vocab.json lacks (Marian reads them "
-                f"as <unk>; here text is cut around them), e.g. {list(renumbered.dropped[:3])}"
-            )
-        tokenizers.append(Tokenizer.from_bytes(renumbered.model))
+    source, target = vocabularies(marian)
+    (src_tok, tgt_tok), notes = tokenizers(marian, source, target)
     overrides = marian_overrides(options, marian.config, src_lang=src_lang, tgt_lang=tgt_lang)
     config = run_config(overrides, output_dir=str(Path(directory).resolve()))
-    model = build_model(
-        config["model"], config["attention"], src_vocab_size=len(order), tgt_vocab_size=len(order), pad_id=0
-    )
+    sizes = {"src_vocab_size": len(source.order), "tgt_vocab_size": len(target.order)}
+    model = build_model(config["model"], config["attention"], **sizes, pad_id=0)
     try:
-        model.load_state_dict(converted_weights(marian, options, order))
+        model.load_state_dict(converted_weights(marian, options, source, target))
     except RuntimeError as err:
         raise MarianImportError(f"the weights do not fit the model config.json describes ({err})") from err
-    checkpoint = model_checkpoint(model.eval(), config, tokenizers[0], tokenizers[1])
+    checkpoint = model_checkpoint(model.eval(), config, src_tok, tgt_tok)
     checkpoint["translation"]["imported_from"] = {"format": "marian", "path": str(Path(directory).resolve())}
     return Imported(checkpoint=checkpoint, overrides=overrides, notes=notes)
 
@@ -297,40 +314,4 @@ def run_config(overrides: list[str], *, output_dir: str) -> dict[str, Any]:
     return OmegaConf.to_container(composed, resolve=True)  # type: ignore[return-value]
 
 
-def languages_from_name(directory: str | os.PathLike[str]) -> tuple[str, str] | None:
-    """(source, target) from an OPUS-MT directory name such as ``opus-mt-de-en``, else None."""
-    name = Path(directory).resolve().name
-    parts = name.split("-")
-    if len(parts) >= 4 and name.startswith("opus-mt-") and all(parts[-2:]):
-        return parts[-2], parts[-1]
-    return None
-
-
-def download(name: str, directory: str | os.PathLike[str]) -> Path:
-    """Fetch a model from the Hugging Face hub into ``directory`` (optional: ``huggingface_hub`` and a
-    network); everything else in this module works offline on a local directory."""
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as err:
-        raise MarianImportError(
-            "--from-hub needs the huggingface_hub package (pip install huggingface_hub); or download the "
-            "model directory yourself and pass its path"
-        ) from err
-    patterns = [*REQUIRED_FILES, *WEIGHT_FILES]
-    try:
-        return Path(snapshot_download(repo_id=name, local_dir=str(directory), allow_patterns=patterns))
-    except Exception as err:  # offline, unknown repository, refused: all the same to a user
-        raise MarianImportError(
-            f"could not download {name} from the Hugging Face hub ({type(err).__name__}: {err}); "
-            "without network access, copy the model directory here and pass its path"
-        ) from err
-
-
-__all__ = [
-    "Imported",
-    "MarianImportError",
-    "check_marian_dir",
-    "download",
-    "import_marian",
-    "languages_from_name",
-]
+__all__ = ["Imported", "MarianImportError", "Vocabulary", "import_marian", "vocabularies"]

@@ -3,7 +3,9 @@
 Two small sentencepiece models trained on the fixture corpus (German source, English target), a joint
 ``vocab.json`` in Marian's layout (eos 0, unk 1, the pieces of both models, pad last) and a random
 ``MarianMTModel`` saved with ``save_pretrained``: what an OPUS-MT download holds, at a size a test builds in
-about a second.
+about a second. ``separate=True`` builds the layout of the Tatoeba-Challenge ``opus-mt-tc-*`` models
+instead: ``vocab.json`` for the source pieces, ``target_vocab.json`` for the target ones (each in Marian's
+layout, so of different sizes), separate encoder and decoder embeddings.
 """
 
 from __future__ import annotations
@@ -48,19 +50,33 @@ def spm_pieces(model: bytes) -> list[str]:
     ]
 
 
-def make_marian_dir(directory: Path, *, seed: int = 0) -> Path:
-    """Write a random Marian model directory (config.json, model.safetensors, spms, vocab.json)."""
+def marian_vocab(pieces: list[str]) -> dict[str, int]:
+    """A vocabulary in Marian's layout: eos 0, unk 1, ``pieces`` (duplicates once), padding last."""
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(dict.fromkeys(pieces))}}
+    vocab["<pad>"] = len(vocab)
+    return vocab
+
+
+def make_marian_dir(directory: Path, *, seed: int = 0, separate: bool = False) -> Path:
+    """Write a random Marian model directory (config.json, model.safetensors, spms, vocab.json and, with
+    ``separate``, target_vocab.json)."""
     from transformers import MarianConfig, MarianMTModel
 
     directory.mkdir(parents=True, exist_ok=True)
     source = train_spm(read_gz_lines(FIXTURE_DIR / "train.de.gz", 600), 120)
     target = train_spm(read_gz_lines(FIXTURE_DIR / "train.en.gz", 600), 100)
-    pieces = list(dict.fromkeys(spm_pieces(source) + spm_pieces(target)))  # the union, in order
-    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
-    vocab["<pad>"] = len(vocab)
-    size = len(vocab)
+    if separate:
+        vocab, target_vocab = marian_vocab(spm_pieces(source)), marian_vocab(spm_pieces(target))
+    else:
+        vocab = target_vocab = marian_vocab(spm_pieces(source) + spm_pieces(target))
+    # The decoder starts from pad_token_id, the target vocabulary's padding: Hugging Face has one pad id
+    # for both embeddings, so it must lie in both (here the source vocabulary is the larger one).
+    size, pad = len(vocab), target_vocab["<pad>"]
+    assert pad < size
     config = MarianConfig(
         vocab_size=size,
+        decoder_vocab_size=len(target_vocab),
+        share_encoder_decoder_embeddings=not separate,
         d_model=32,
         encoder_layers=2,
         decoder_layers=2,
@@ -71,8 +87,8 @@ def make_marian_dir(directory: Path, *, seed: int = 0) -> Path:
         activation_function="swish",
         scale_embedding=True,
         max_position_embeddings=64,
-        pad_token_id=size - 1,
-        decoder_start_token_id=size - 1,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
         eos_token_id=0,
         forced_eos_token_id=0,
         init_std=0.2,  # ten times the default: logits that depend on the input, not on the bias alone
@@ -84,10 +100,15 @@ def make_marian_dir(directory: Path, *, seed: int = 0) -> Path:
             if "layer_norm" in name:
                 param.add_(torch.randn_like(param) * 0.3)
         model.final_logits_bias.normal_(0.0, 0.5)
-        model.final_logits_bias[0, 0] = 2.0  # EOS likely enough that outputs end before their limits
-        model.final_logits_bias[0, size - 1] = 0.0  # the padding's bias stays zero, as in OPUS-MT
+        # EOS likely enough that outputs end before their limits (the separate model: some at once, an
+        # empty translation, which the CTranslate2 engine must allow too)
+        model.final_logits_bias[0, 0] = 2.1 if separate else 2.0
+        model.final_logits_bias[0, pad] = 0.0  # the padding's bias stays zero, as in OPUS-MT
     model.save_pretrained(directory)
     (directory / "source.spm").write_bytes(source)
     (directory / "target.spm").write_bytes(target)
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    if separate:
+        text = json.dumps(target_vocab, ensure_ascii=False)
+        (directory / "target_vocab.json").write_text(text, encoding="utf-8")
     return directory

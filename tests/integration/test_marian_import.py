@@ -1,8 +1,11 @@
 """A Marian (OPUS-MT) model imported: the same log-probabilities and outputs as Hugging Face's, and a
 checkpoint that translate.py and the CTranslate2 export take like any other.
 
-One tiny random ``MarianMTModel`` is built with ``transformers`` offline (tests/helpers/marian.py) and
-imported once for the whole module; ``transformers`` is imported by this module only.
+Tiny random ``MarianMTModel``s are built with ``transformers`` offline (tests/helpers/marian.py), one per
+vocabulary layout: ``shared`` (one joint vocabulary and embedding, most OPUS-MT models) and ``separate``
+(source and target vocabularies of different sizes, separate embeddings: the ``opus-mt-tc-*`` layout).
+Each is imported once for the module, and every test of an imported model runs on both;
+``transformers`` is imported by this module only.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import importlib.util
 import io
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -23,7 +27,8 @@ from helpers.training import REPO_ROOT
 from app.checkpoint import LoadedModel, load_model
 from app.inference.engine import SearchSettings
 from app.inference.torch_engine import TorchEngine, load_torch_engine, pad_batch
-from app.interop.marian import read_marian_dir, vocabulary_order
+from app.interop.marian import vocabularies
+from app.interop.marian_files import read_marian_dir
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -35,9 +40,26 @@ def load_script() -> ModuleType:
     return module
 
 
+LAYOUTS = ("shared", "separate")
+
+
 @pytest.fixture(scope="module")
-def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_marian_dir(tmp_path_factory.mktemp("hf") / "opus-mt-de-en")
+def marian_dirs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The model directory of a vocabulary layout, built on first use."""
+    built: dict[str, Path] = {}
+
+    def get(layout: str) -> Path:
+        if layout not in built:
+            directory = tmp_path_factory.mktemp(f"hf-{layout}") / "opus-mt-de-en"
+            built[layout] = make_marian_dir(directory, separate=layout == "separate")
+        return built[layout]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def marian_dir(request: pytest.FixtureRequest, marian_dirs: Callable[[str], Path]) -> Path:
+    return marian_dirs(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +90,11 @@ def hf_model(marian_dir: Path, transformers: ModuleType):
 
 
 @pytest.fixture(scope="module")
-def to_marian(marian_dir: Path) -> torch.Tensor:
-    """Marian's id of each of ours (our padding, which Marian lacks, as Marian's padding)."""
-    marian = read_marian_dir(marian_dir)
-    order, _ = vocabulary_order(marian.vocab, marian.config)
-    return torch.tensor([marian.config["pad_token_id"] if m is None else m for m in order])
+def to_marian(marian_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Marian's id of each of ours, (source, target): the same map twice where the vocabulary is shared.
+    Our padding, which Marian lacks, maps to the row our bos takes (Marian's padding)."""
+    source, target = vocabularies(read_marian_dir(marian_dir))
+    return tuple(torch.tensor([v.order[2] if m is None else m for m in v.order]) for v in (source, target))
 
 
 @pytest.fixture(scope="module")
@@ -85,39 +107,65 @@ def sources(loaded: LoadedModel) -> list[list[int]]:
 
 
 def test_text_is_cut_and_joined_as_marian_tokenizer_does(
-    marian_dir: Path, loaded: LoadedModel, to_marian: torch.Tensor, transformers: ModuleType
+    marian_dir: Path, loaded: LoadedModel, to_marian: tuple[torch.Tensor, torch.Tensor], transformers
 ) -> None:
+    separate = {}
+    if (marian_dir / "target_vocab.json").is_file():
+        separate = {"target_vocab_file": str(marian_dir / "target_vocab.json"), "separate_vocabs": True}
     tokenizer = transformers.MarianTokenizer(
         vocab=str(marian_dir / "vocab.json"),
         source_spm=str(marian_dir / "source.spm"),
         target_spm=str(marian_dir / "target.spm"),
+        **separate,
     )
-    assert [to_marian[ids].tolist() for ids in sources(loaded)] == tokenizer(SENTENCES)["input_ids"]
+    src_map, tgt_map = to_marian
+    assert [src_map[ids].tolist() for ids in sources(loaded)] == tokenizer(SENTENCES)["input_ids"]
     unknown = ["Ein Mann 漢 fährt Fahrrad."]  # a character neither model knows: unk on both sides
     ours = [[*ids, loaded.src_tokenizer.eos_id] for ids in loaded.src_tokenizer.encode(unknown)]
     assert loaded.src_tokenizer.unk_id in ours[0]
-    assert [to_marian[ids].tolist() for ids in ours] == tokenizer(unknown)["input_ids"]
-    targets = loaded.tgt_tokenizer.encode(["A man rides a bike.", "Two dogs."])
-    marian_ids = [to_marian[ids].tolist() for ids in targets]
+    assert [src_map[ids].tolist() for ids in ours] == tokenizer(unknown)["input_ids"]
+    english = ["A man rides a bike.", "Two dogs."]
+    targets = loaded.tgt_tokenizer.encode(english)
+    marian_ids = [tgt_map[ids].tolist() for ids in targets]
+    assert [[*ids, 0] for ids in marian_ids] == tokenizer(text_target=english)["input_ids"]
     assert loaded.tgt_tokenizer.decode(targets) == tokenizer.batch_decode(
         marian_ids, skip_special_tokens=True
     )
 
 
-def test_log_probabilities_equal_hugging_face(hf_model, loaded: LoadedModel, to_marian: torch.Tensor) -> None:
+def test_each_vocabulary_keeps_its_size_and_embedding(marian_dir: Path, loaded: LoadedModel) -> None:
+    """Separate vocabularies: source and target embeddings of their own sizes (one row more than Marian's:
+    our padding), the output tied to the target's; shared: one matrix for all three."""
+    config = json.loads((marian_dir / "config.json").read_text())
+    model, separate = loaded.model, not config["share_encoder_decoder_embeddings"]
+    assert loaded.config["model"]["share_src_tgt_embeddings"] is not separate
+    assert model.src_embed.weight.size(0) == loaded.src_tokenizer.vocab_size == config["vocab_size"] + 1
+    assert (
+        model.tgt_embed.weight.size(0) == loaded.tgt_tokenizer.vocab_size == config["decoder_vocab_size"] + 1
+    )
+    assert model.output.weight is model.tgt_embed.weight
+    assert (model.src_embed is model.tgt_embed) is not separate
+    if separate:
+        assert config["vocab_size"] != config["decoder_vocab_size"]
+
+
+def test_log_probabilities_equal_hugging_face(
+    hf_model, loaded: LoadedModel, to_marian: tuple[torch.Tensor, torch.Tensor]
+) -> None:
     """Teacher forcing on a padded batch: every token's log-probability within 1e-5 (float32)."""
+    src_map, tgt_map = to_marian
     src = pad_batch(sources(loaded), 0)  # (B, S)
     lengths = torch.tensor([3, 6, 1, 5])
-    targets = torch.randint(4, len(to_marian), (src.size(0), 6), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(4, len(tgt_map), (src.size(0), 6), generator=torch.Generator().manual_seed(1))
     tgt_in = torch.cat([torch.full((src.size(0), 1), 2), targets], dim=1)  # BOS = Marian's start (pad)
     tgt_in[torch.arange(7)[None, :] > lengths[:, None]] = 0  # padded targets
     with torch.no_grad():
         ours = torch.log_softmax(loaded.model(src, tgt_in).float(), dim=-1)  # (B, T, V + 1)
         theirs = hf_model(
-            input_ids=to_marian[src], attention_mask=(src != 0).long(), decoder_input_ids=to_marian[tgt_in]
+            input_ids=src_map[src], attention_mask=(src != 0).long(), decoder_input_ids=tgt_map[tgt_in]
         ).logits.log_softmax(dim=-1)  # (B, T, V)
     real = torch.arange(7)[None, :] <= lengths[:, None]  # (B, T)
-    torch.testing.assert_close(ours[..., 1:][real], theirs[..., to_marian[1:]][real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours[..., 1:][real], theirs[..., tgt_map[1:]][real], atol=1e-5, rtol=0)
     assert bool((ours[..., 0] < -1000).all())  # our padding id: never a candidate
 
 
@@ -142,7 +190,7 @@ def test_greedy_and_beam_outputs_equal_hugging_face(
     hf_model,
     checkpoint: Path,
     loaded: LoadedModel,
-    to_marian: torch.Tensor,
+    to_marian: tuple[torch.Tensor, torch.Tensor],
     beam: int,
     transformers: ModuleType,
 ) -> None:
@@ -151,13 +199,14 @@ def test_greedy_and_beam_outputs_equal_hugging_face(
     engine, _ = load_torch_engine(checkpoint)
     max_len = 24
     settings = SearchSettings(beam=beam, alpha=1.0, max_len=max_len, len_ratio=100.0)
+    src_map, tgt_map = to_marian
     ours = [
-        [to_marian[t].item() for t in hyps[0].tokens] for hyps in engine.hypotheses(sources(loaded), settings)
+        [tgt_map[t].item() for t in hyps[0].tokens] for hyps in engine.hypotheses(sources(loaded), settings)
     ]
     src = pad_batch(sources(loaded), 0)
     pad = hf_model.config.pad_token_id
     generated = hf_model.generate(
-        input_ids=to_marian[src],
+        input_ids=src_map[src],
         attention_mask=(src != 0).long(),
         num_beams=beam,
         length_penalty=1.0,
@@ -192,7 +241,9 @@ def test_ct2_export_scores_as_the_checkpoint(checkpoint: Path, loaded: LoadedMod
     from app.export.ct2 import export_ct2
 
     export_ct2(checkpoint, tmp_path / "ct2")
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    # one thread each: CTranslate2's default pool (4) spins on after a call and slows the torch work of
+    # later tests in this process several-fold on 2 cores
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
     src, tgt = (
         sources(loaded),
         loaded.tgt_tokenizer.encode(["A man rides a bike.", "Two dogs play.", "x", "y"]),
@@ -209,7 +260,10 @@ def test_ct2_export_scores_as_the_checkpoint(checkpoint: Path, loaded: LoadedMod
     engine = TorchEngine(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer)
     from app.inference.engines import open_engine
 
-    assert open_engine(tmp_path / "ct2").translate(SENTENCES, greedy) == engine.translate(SENTENCES, greedy)
+    expected = engine.translate(SENTENCES, greedy)
+    assert open_engine(tmp_path / "ct2", threads=1).translate(SENTENCES, greedy) == expected
+    if loaded.config["model"]["share_src_tgt_embeddings"] is False:
+        assert "" in expected  # EOS first: CTranslate2's default min_decoding_length=1 had forbidden it
 
 
 def test_init_from_takes_the_checkpoint_with_the_printed_overrides(
@@ -228,10 +282,11 @@ def test_init_from_takes_the_checkpoint_with_the_printed_overrides(
     assert "experiment=opus_mt" in overrides
     config = OmegaConf.to_container(compose_config(*overrides, tmp_path=tmp_path), resolve=True)
     start = load_start(str(checkpoint), config)
-    vocab = start.tgt_tokenizer.vocab_size
-    model = build_model(
-        config["model"], config["attention"], src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=0
-    )
+    sizes = {
+        "src_vocab_size": start.src_tokenizer.vocab_size,
+        "tgt_vocab_size": start.tgt_tokenizer.vocab_size,
+    }
+    model = build_model(config["model"], config["attention"], **sizes, pad_id=0)
     load_weights(model, start, config, source=str(checkpoint))
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, start.model.state_dict()[name])
@@ -241,11 +296,12 @@ def test_init_from_takes_the_checkpoint_with_the_printed_overrides(
     ("damage", "message"),
     [
         (lambda d: (d / "vocab.json").unlink(), "lacks vocab.json"),
+        (lambda d: (d / "vocab.json").write_text("[1, 2]"), "vocab.json holds a JSON list"),
         (lambda d: edit_config(d, activation_function="tanh"), "activation_function='tanh'"),
         (lambda d: edit_config(d, decoder_ffn_dim=16), "decoder_ffn_dim=16"),
         (lambda d: (d / "model.safetensors").unlink(), "holds no weights"),
     ],
-    ids=["no-vocab", "activation", "ffn-sizes", "no-weights"],
+    ids=["no-vocab", "vocab-not-an-object", "activation", "ffn-sizes", "no-weights"],
 )
 def test_a_model_it_cannot_rebuild_is_refused_by_name(
     marian_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, message: str
@@ -258,6 +314,33 @@ def test_a_model_it_cannot_rebuild_is_refused_by_name(
     assert load_script().main([str(copy), "-o", str(tmp_path / "x.ckpt")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "x.ckpt").exists()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "target_vocab.json").unlink(), "lacks target_vocab.json"),
+        (lambda d: (d / "target_vocab.json").write_text("{not json"), "target_vocab.json is not valid JSON"),
+        (lambda d: edit_config(d, decoder_vocab_size=7), "target_vocab.json does not number 0..6"),
+        (
+            lambda d: edit_config(d, pad_token_id=5, decoder_start_token_id=5),
+            "target_vocab.json has '<pad>' at id 99",
+        ),
+    ],
+    ids=["missing", "malformed", "wrong-size", "pad-elsewhere"],
+)
+def test_a_bad_target_vocabulary_is_refused_in_one_line(
+    marian_dirs: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, message
+) -> None:
+    import shutil
+
+    copy = tmp_path / "opus-mt-de-en"
+    shutil.copytree(marian_dirs("separate"), copy)
+    damage(copy)
+    assert load_script().main([str(copy), "-o", str(tmp_path / "x.ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "x.ckpt").exists()
 
 
