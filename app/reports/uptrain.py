@@ -108,8 +108,8 @@ def pair_section(
         lines.append([
             variant.name,
             f"{x} / {total}",
-            f"{mine.get('bleu')} ± {mine.get('bleu_std')}",
-            f"{its.get('bleu')} ± {its.get('bleu_std')}",
+            mean_and_spread(mine),
+            mean_and_spread(its),
             "" if test["delta_bleu"] is None else f"{test['delta_bleu']:+.2f} ± {test['ci95']:.2f}",
             starred(test["p_value"], test["significant"]),
             starred(test["p_value_seeds"], test["significant_seeds"]),
@@ -134,6 +134,13 @@ def pair_section(
     ]
 
 
+def mean_and_spread(row: dict[str, Any]) -> str:
+    """A variant's mean BLEU and its standard deviation over seeds ("37.8 (1 seed)" without one)."""
+    if row.get("bleu_std") is None:
+        return f"{row.get('bleu')} (1 seed)"
+    return f"{row.get('bleu')} ± {row['bleu_std']}"
+
+
 def starred(p_value: float | None, significant: bool | None) -> str:
     """A p-value with `` *`` when significant; empty when there is none."""
     return "" if p_value is None else f"{p_value}{' *' if significant else ''}"
@@ -150,10 +157,14 @@ def verdict(
         diff = mine["bleu"] - its["bleu"]
         said = f"{name}: converted {diff:+.2f} BLEU against scratch (mean difference, untested: one seed)"
     else:
+        over_seeds = (
+            f"over seeds p {starred(test['p_value_seeds'], test['significant_seeds'])}"
+            if test["p_value_seeds"] is not None
+            else "no test over seeds: one seed on a side"
+        )
         said = (
             f"{name}: converted {test['delta_bleu']:+.2f} BLEU against scratch (p "
-            f"{starred(test['p_value'], test['significant'])}; over seeds p "
-            f"{starred(test['p_value_seeds'], test['significant_seeds'])})"
+            f"{starred(test['p_value'], test['significant'])}; {over_seeds})"
         )
     if mine.get("delta_bleu") is not None:
         said += f"; {mine['delta_bleu']:+.2f} against the converted arm's MHA job"

@@ -76,3 +76,22 @@ def test_the_arms_are_lined_up_per_variant_with_their_tests(tmp_path: Path) -> N
     assert "- eager kv=1: converted +" in section and "over seeds p" in section
     assert "; +0.50 against the base model (74.5)" in section  # each variant against the MHA model as trained
     assert "| eager | 40 / 440 | 75.0 ± 0.0 | 75.0 ± 0.0 | +0.00" in section
+
+
+def test_a_variant_with_one_seed_on_a_side_is_said_so(tmp_path: Path) -> None:
+    data, sweep, base = tmp_path / "data", tmp_path / "sweep", tmp_path / "base" / "checkpoints" / "best.ckpt"
+    data.mkdir()
+    (data / "test.de").write_text("\n".join(["x"] * len(REFS)) + "\n")
+    (data / "test.en").write_text("\n".join(REFS) + "\n")
+    for arm, seed in [("converted", 1), ("converted", 2), ("scratch", 1)]:  # scratch's seed 2 unfinished
+        make_job(sweep, data, arm, "eager", seed, base, 3 if arm == "converted" else 2)
+    groups, _ = group_runs(sweep_runs(sweep))
+    rows = [
+        [{"variant": v.name, "bleu": v.result("test_bleu")[0], "decode_sent_s_greedy": None,
+          "delta_bleu": None, "bleu_std": 0.0 if len(v.runs) > 1 else None} for v in group.variants]
+        for group in groups
+    ]  # fmt: skip
+    section = markdown(uptrain_sections(groups, rows))
+    assert "| eager | 40 / 440 | 75.0 ± 0.0 | 50.0 (1 seed) | +" in section
+    assert "*; no test over seeds: one seed on a side)" in section
+    assert "None" not in section
