@@ -12,6 +12,11 @@ embedding for source, target and output (most OPUS-MT models), or separate ones
 ``target_vocab.json``, the decoder's embedding, the output layer tied to it and ``final_logits_bias`` for
 the target, each side with its own size). The second becomes our Transformer with
 ``share_src_tgt_embeddings: false``, each side's tokenizer and rows in its own vocabulary's order.
+
+Multilingual OPUS-MT models (e.g. ``opus-mt-en-ROMANCE``) read a target-language token such as ``>>fra<<``
+at the start of the source: an entry of the source vocabulary that ``source.spm`` lacks. Our source
+tokenizer gets each such entry as a user-defined piece at its vocabulary id (:func:`language_tokens`), so
+``>>fra<< The house is small.`` gives the ids ``MarianTokenizer`` gives.
 """
 
 from __future__ import annotations
@@ -168,14 +173,28 @@ def vocabulary_rows(name: str, matrix: Tensor, vocab: Vocabulary, fill: float = 
     return renumbered_rows(matrix.float(), vocab.order, fill)
 
 
+def language_tokens(vocab: Vocabulary) -> list[str]:
+    """The target-language tokens of a source vocabulary (``>>fra<<``, ``>>pt_BR<<``), in id order: the
+    entries ``MarianTokenizer`` splits off the start of a text before sentencepiece."""
+    return [p for p in vocab.pieces[4:] if len(p) > 4 and p.startswith(">>") and p.endswith("<<")]
+
+
 def tokenizers(
     marian: MarianModel, source: Vocabulary, target: Vocabulary
 ) -> tuple[list[Tokenizer], list[str]]:
-    """Our (source, target) tokenizers: each sentencepiece model renumbered to its side's vocabulary, and
-    notes on pieces a vocabulary lacks."""
+    """Our (source, target) tokenizers: each sentencepiece model renumbered to its side's vocabulary (the
+    source side writing the target-language tokens as one piece each), and notes on pieces a vocabulary
+    lacks and on the language tokens."""
     notes, made = [], []
+    codes = language_tokens(source)
     for side, proto, vocab in (("source", marian.src_spm, source), ("target", marian.tgt_spm, target)):
-        renumbered = renumbered_model(proto, vocab.pieces)
+        renumbered = renumbered_model(proto, vocab.pieces, codes if side == "source" else ())
+        if renumbered.symbols:
+            shown = " ".join(renumbered.symbols[:8]) + (" ..." if len(renumbered.symbols) > 8 else "")
+            notes.append(
+                f"a multilingual model: start each source with its target-language token and a space, "
+                f"e.g. '{renumbered.symbols[0]} Text.' ({len(renumbered.symbols)} tokens: {shown})"
+            )
         if renumbered.dropped:
             notes.append(
                 f"{side}.spm has {len(renumbered.dropped)} pieces that {vocab.file} lacks (Marian reads them "
@@ -314,4 +333,4 @@ def run_config(overrides: list[str], *, output_dir: str) -> dict[str, Any]:
     return OmegaConf.to_container(composed, resolve=True)  # type: ignore[return-value]
 
 
-__all__ = ["Imported", "MarianImportError", "Vocabulary", "import_marian", "vocabularies"]
+__all__ = ["Imported", "MarianImportError", "Vocabulary", "import_marian", "language_tokens", "vocabularies"]

@@ -11,11 +11,18 @@ cut into the same pieces:
 - a vocabulary entry the model lacks (the other side's pieces of a joint vocabulary) becomes an UNUSED
   piece: it holds its id but is never produced;
 - a piece the vocabulary lacks is dropped (Marian would map it to unk; we report how many);
-- ids 0-3 are our specials, whatever the vocabulary calls the entries placed there.
+- ids 0-3 are our specials, whatever the vocabulary calls the entries placed there;
+- named vocabulary entries the model lacks become user-defined pieces (always one token), e.g. the
+  target-language tokens ``>>fra<<`` of multilingual OPUS-MT models: each is written with the word-boundary
+  mark before it (``▁>>fra<<``), so that ``>>fra<< The house`` is cut ``▁>>fra<<``, ``▁The``, ``▁house``:
+  the token takes the boundary sentencepiece puts before the text, as Hugging Face's ``MarianTokenizer``,
+  which splits the token off before sentencepiece, has it. A plain ``>>fra<<`` symbol would leave that
+  boundary as an extra ``▁`` piece in front.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sentencepiece import sentencepiece_model_pb2 as spm_pb2
@@ -24,6 +31,7 @@ from app.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 _Piece = spm_pb2.ModelProto.SentencePiece
+WORD_START = "\u2581"  # sentencepiece's word-boundary mark
 
 
 @dataclass(frozen=True)
@@ -33,20 +41,26 @@ class Renumbered:
     model: bytes  # the serialized ModelProto
     dropped: tuple[str, ...]  # the model's pieces that the vocabulary lacks (never produced now)
     unused: int  # vocabulary entries the model cannot produce (held as UNUSED pieces)
+    symbols: tuple[str, ...] = ()  # vocabulary entries made user-defined pieces (``▁`` + the entry)
 
 
-def renumbered_model(model_proto: bytes, pieces: list[str]) -> Renumbered:
+def renumbered_model(model_proto: bytes, pieces: list[str], symbols: Collection[str] = ()) -> Renumbered:
     """``model_proto`` with piece ``i`` = ``pieces[i]``; ``pieces[0:4]`` stand for our specials.
 
     ``pieces`` lists the vocabulary in our id order (strings unique); its first four entries are replaced
-    by :data:`SPECIAL_PIECES` (the caller put there the entries that play those parts).
+    by :data:`SPECIAL_PIECES` (the caller put there the entries that play those parts). Entries named in
+    ``symbols`` that the model lacks become user-defined pieces ``▁`` + entry (see the module docstring).
     """
     if len(set(pieces[4:])) != len(pieces) - 4:
         raise ValueError("the vocabulary lists a piece twice: cannot number pieces by it")
     proto = spm_pb2.ModelProto()
     proto.ParseFromString(model_proto)
     kept = {p.piece: p for p in proto.pieces if p.type in (_Piece.NORMAL, _Piece.USER_DEFINED)}
-    names = [SPECIAL_PIECES[i] for i in range(4)] + pieces[4:]
+    wanted = set(symbols)
+    symbol_ids = {i for i in range(4, len(pieces)) if pieces[i] in wanted and pieces[i] not in kept}
+    made = tuple(pieces[i] for i in sorted(symbol_ids))
+    names = [SPECIAL_PIECES[i] if i < 4 else pieces[i] for i in range(len(pieces))]
+    names = [WORD_START + name if i in symbol_ids else name for i, name in enumerate(names)]
     if len(set(names)) != len(names):
         raise ValueError(f"the vocabulary uses a special name {sorted(SPECIAL_PIECES.values())} for a piece")
     del proto.pieces[:]
@@ -59,6 +73,8 @@ def renumbered_model(model_proto: bytes, pieces: list[str]) -> Renumbered:
             piece.score = 0.0
         elif name in kept:
             piece.type, piece.score = kept[name].type, kept[name].score
+        elif index in symbol_ids:
+            piece.type, piece.score = _Piece.USER_DEFINED, 0.0
         else:
             piece.type, piece.score = _Piece.UNUSED, 0.0
             unused += 1
@@ -68,4 +84,4 @@ def renumbered_model(model_proto: bytes, pieces: list[str]) -> Renumbered:
     spec.bos_piece, spec.eos_piece = SPECIAL_PIECES[BOS_ID], SPECIAL_PIECES[EOS_ID]
     spec.vocab_size = len(names)
     dropped = tuple(sorted(set(kept) - set(names)))
-    return Renumbered(model=proto.SerializeToString(), dropped=dropped, unused=unused)
+    return Renumbered(model=proto.SerializeToString(), dropped=dropped, unused=unused, symbols=made)

@@ -5,7 +5,9 @@ Two small sentencepiece models trained on the fixture corpus (German source, Eng
 ``MarianMTModel`` saved with ``save_pretrained``: what an OPUS-MT download holds, at a size a test builds in
 about a second. ``separate=True`` builds the layout of the Tatoeba-Challenge ``opus-mt-tc-*`` models
 instead: ``vocab.json`` for the source pieces, ``target_vocab.json`` for the target ones (each in Marian's
-layout, so of different sizes), separate encoder and decoder embeddings.
+layout, so of different sizes), separate encoder and decoder embeddings. ``codes`` adds target-language
+tokens (``>>fra<<``) to the source vocabulary, amid its pieces, as multilingual OPUS-MT models have them:
+entries of ``vocab.json`` that no piece of ``source.spm`` is.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ SENTENCES = [
     "Zwei Hunde spielen im Schnee.",
     "Eine Frau in einem roten Kleid singt auf einer Bühne.",
     "Kinder.",
+]
+LANGUAGE_CODES = (">>fra<<", ">>spa<<", ">>pt_BR<<")
+TAGGED_SENTENCES = [  # as Hugging Face's users write them for a multilingual model
+    ">>fra<< Ein Mann fährt Fahrrad.",
+    ">>spa<< Zwei Hunde spielen im Schnee.",
+    ">>pt_BR<< Eine Frau in einem roten Kleid singt auf einer Bühne.",
+    ">>fra<< Kinder.",
 ]
 
 
@@ -57,18 +66,29 @@ def marian_vocab(pieces: list[str]) -> dict[str, int]:
     return vocab
 
 
-def make_marian_dir(directory: Path, *, seed: int = 0, separate: bool = False) -> Path:
+def make_marian_dir(
+    directory: Path,
+    *,
+    seed: int = 0,
+    separate: bool = False,
+    codes: tuple[str, ...] = (),
+    eos_bias: float | None = None,
+) -> Path:
     """Write a random Marian model directory (config.json, model.safetensors, spms, vocab.json and, with
-    ``separate``, target_vocab.json)."""
+    ``separate``, target_vocab.json); ``codes`` go into the source vocabulary after its first 10 pieces.
+    ``eos_bias``: EOS's logit bias (default 2.0, 2.1 separate), chosen per model so that its greedy and
+    beam outputs end at varied lengths, some before a test's limit."""
     from transformers import MarianConfig, MarianMTModel
 
     directory.mkdir(parents=True, exist_ok=True)
     source = train_spm(read_gz_lines(FIXTURE_DIR / "train.de.gz", 600), 120)
     target = train_spm(read_gz_lines(FIXTURE_DIR / "train.en.gz", 600), 100)
+    src_pieces = spm_pieces(source)
+    src_pieces[10:10] = codes
     if separate:
-        vocab, target_vocab = marian_vocab(spm_pieces(source)), marian_vocab(spm_pieces(target))
+        vocab, target_vocab = marian_vocab(src_pieces), marian_vocab(spm_pieces(target))
     else:
-        vocab = target_vocab = marian_vocab(spm_pieces(source) + spm_pieces(target))
+        vocab = target_vocab = marian_vocab(src_pieces + spm_pieces(target))
     # The decoder starts from pad_token_id, the target vocabulary's padding: Hugging Face has one pad id
     # for both embeddings, so it must lie in both (here the source vocabulary is the larger one).
     size, pad = len(vocab), target_vocab["<pad>"]
@@ -102,7 +122,7 @@ def make_marian_dir(directory: Path, *, seed: int = 0, separate: bool = False) -
         model.final_logits_bias.normal_(0.0, 0.5)
         # EOS likely enough that outputs end before their limits (the separate model: some at once, an
         # empty translation, which the CTranslate2 engine must allow too)
-        model.final_logits_bias[0, 0] = 2.1 if separate else 2.0
+        model.final_logits_bias[0, 0] = eos_bias or (2.1 if separate else 2.0)
         model.final_logits_bias[0, pad] = 0.0  # the padding's bias stays zero, as in OPUS-MT
     model.save_pretrained(directory)
     (directory / "source.spm").write_bytes(source)

@@ -4,7 +4,9 @@ checkpoint that translate.py and the CTranslate2 export take like any other.
 Tiny random ``MarianMTModel``s are built with ``transformers`` offline (tests/helpers/marian.py), one per
 vocabulary layout: ``shared`` (one joint vocabulary and embedding, most OPUS-MT models) and ``separate``
 (source and target vocabularies of different sizes, separate embeddings: the ``opus-mt-tc-*`` layout).
-Each is imported once for the module, and every test of an imported model runs on both;
+Each is imported once for the module, and every test of an imported model runs on both; the tests of
+token ids, log-probabilities and outputs also on ``multilingual``, a shared model whose source vocabulary
+holds target-language tokens (``>>fra<<``), with sentences that start with one;
 ``transformers`` is imported by this module only.
 """
 
@@ -21,7 +23,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from helpers.marian import SENTENCES, make_marian_dir
+from helpers.marian import LANGUAGE_CODES, SENTENCES, TAGGED_SENTENCES, make_marian_dir
 from helpers.training import REPO_ROOT
 
 from app.checkpoint import LoadedModel, load_model
@@ -41,6 +43,7 @@ def load_script() -> ModuleType:
 
 
 LAYOUTS = ("shared", "separate")
+WITH_CODES = pytest.mark.parametrize("layout", [*LAYOUTS, "multilingual"], indirect=True)
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +54,28 @@ def marian_dirs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
     def get(layout: str) -> Path:
         if layout not in built:
             directory = tmp_path_factory.mktemp(f"hf-{layout}") / "opus-mt-de-en"
-            built[layout] = make_marian_dir(directory, separate=layout == "separate")
+            separate, codes = layout == "separate", LANGUAGE_CODES if layout == "multilingual" else ()
+            eos_bias = 5.5 if codes else None  # this random model's outputs end at 4-23 tokens with it
+            built[layout] = make_marian_dir(directory, separate=separate, codes=codes, eos_bias=eos_bias)
         return built[layout]
 
     return get
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
-def marian_dir(request: pytest.FixtureRequest, marian_dirs: Callable[[str], Path]) -> Path:
-    return marian_dirs(request.param)
+def layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def marian_dir(layout: str, marian_dirs: Callable[[str], Path]) -> Path:
+    return marian_dirs(layout)
+
+
+@pytest.fixture(scope="module")
+def texts(layout: str) -> list[str]:
+    """The source sentences of a layout's tests: each led by a language token for ``multilingual``."""
+    return TAGGED_SENTENCES if layout == "multilingual" else SENTENCES
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +118,17 @@ def loaded(checkpoint: Path) -> LoadedModel:
     return load_model(checkpoint)
 
 
-def sources(loaded: LoadedModel) -> list[list[int]]:
-    return [[*ids, loaded.src_tokenizer.eos_id] for ids in loaded.src_tokenizer.encode(SENTENCES)]
+def sources(loaded: LoadedModel, texts: list[str] = SENTENCES) -> list[list[int]]:
+    return [[*ids, loaded.src_tokenizer.eos_id] for ids in loaded.src_tokenizer.encode(texts)]
 
 
+@WITH_CODES
 def test_text_is_cut_and_joined_as_marian_tokenizer_does(
-    marian_dir: Path, loaded: LoadedModel, to_marian: tuple[torch.Tensor, torch.Tensor], transformers
+    marian_dir: Path,
+    loaded: LoadedModel,
+    to_marian: tuple[torch.Tensor, torch.Tensor],
+    transformers,
+    texts: list[str],
 ) -> None:
     separate = {}
     if (marian_dir / "target_vocab.json").is_file():
@@ -119,7 +140,12 @@ def test_text_is_cut_and_joined_as_marian_tokenizer_does(
         **separate,
     )
     src_map, tgt_map = to_marian
-    assert [src_map[ids].tolist() for ids in sources(loaded)] == tokenizer(SENTENCES)["input_ids"]
+    theirs = tokenizer(texts)["input_ids"]
+    assert [src_map[ids].tolist() for ids in sources(loaded, texts)] == theirs
+    if texts is TAGGED_SENTENCES:  # the language tokens reach the model, one id each, in front
+        vocab = json.loads((marian_dir / "vocab.json").read_text(encoding="utf-8"))
+        assert [ids[0] for ids in theirs] == [vocab[text.split()[0]] for text in texts]
+        assert tokenizer.supported_language_codes == list(LANGUAGE_CODES)
     unknown = ["Ein Mann 漢 fährt Fahrrad."]  # a character neither model knows: unk on both sides
     ours = [[*ids, loaded.src_tokenizer.eos_id] for ids in loaded.src_tokenizer.encode(unknown)]
     assert loaded.src_tokenizer.unk_id in ours[0]
@@ -149,12 +175,13 @@ def test_each_vocabulary_keeps_its_size_and_embedding(marian_dir: Path, loaded: 
         assert config["vocab_size"] != config["decoder_vocab_size"]
 
 
+@WITH_CODES
 def test_log_probabilities_equal_hugging_face(
-    hf_model, loaded: LoadedModel, to_marian: tuple[torch.Tensor, torch.Tensor]
+    hf_model, loaded: LoadedModel, to_marian: tuple[torch.Tensor, torch.Tensor], texts: list[str]
 ) -> None:
     """Teacher forcing on a padded batch: every token's log-probability within 1e-5 (float32)."""
     src_map, tgt_map = to_marian
-    src = pad_batch(sources(loaded), 0)  # (B, S)
+    src = pad_batch(sources(loaded, texts), 0)  # (B, S)
     lengths = torch.tensor([3, 6, 1, 5])
     targets = torch.randint(4, len(tgt_map), (src.size(0), 6), generator=torch.Generator().manual_seed(1))
     tgt_in = torch.cat([torch.full((src.size(0), 1), 2), targets], dim=1)  # BOS = Marian's start (pad)
@@ -185,6 +212,7 @@ class LimitKeepsScore:
         return scores
 
 
+@WITH_CODES
 @pytest.mark.parametrize("beam", [1, 4])
 def test_greedy_and_beam_outputs_equal_hugging_face(
     hf_model,
@@ -193,6 +221,7 @@ def test_greedy_and_beam_outputs_equal_hugging_face(
     to_marian: tuple[torch.Tensor, torch.Tensor],
     beam: int,
     transformers: ModuleType,
+    texts: list[str],
 ) -> None:
     """Our engine (Marian's length norm, from the checkpoint) against generate() with the same beam, length
     penalty and limit; early_stopping=True is our search's end (K finished hypotheses)."""
@@ -200,10 +229,11 @@ def test_greedy_and_beam_outputs_equal_hugging_face(
     max_len = 24
     settings = SearchSettings(beam=beam, alpha=1.0, max_len=max_len, len_ratio=100.0)
     src_map, tgt_map = to_marian
-    ours = [
-        [tgt_map[t].item() for t in hyps[0].tokens] for hyps in engine.hypotheses(sources(loaded), settings)
-    ]
-    src = pad_batch(sources(loaded), 0)
+    best = [hyps[0].tokens for hyps in engine.hypotheses(sources(loaded, texts), settings)]
+    if texts is TAGGED_SENTENCES:  # the text API (translate.py's, the server's) reads the token too
+        assert engine.translate(texts, settings) == loaded.tgt_tokenizer.decode(best)
+    ours = [[tgt_map[t].item() for t in tokens] for tokens in best]
+    src = pad_batch(sources(loaded, texts), 0)
     pad = hf_model.config.pad_token_id
     generated = hf_model.generate(
         input_ids=src_map[src],
