@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         save_atomically(average_checkpoints(paths), args.output)
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2
     print(f"averaged {len(paths)} checkpoints into {args.output}: {', '.join(p.name for p in paths)}")
     return 0
 

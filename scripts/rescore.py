@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         results = rescore_run(args.run_dir, args.overrides)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2
     keys = ("checkpoint", "beam", "alpha", "test_bleu", "test_bleu_lc", "test_bleu_moses_lc", "test_chrf")
     print(json.dumps({k: results.get(k) for k in keys}, indent=2))
     return 0

@@ -126,7 +126,7 @@ def test_average_refuses_the_payload(
     good: Path, poisoned: Path, marker: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "avg.ckpt"
-    assert load_script("average_checkpoints").main([str(good), str(poisoned), "-o", str(out)]) == 1
+    assert load_script("average_checkpoints").main([str(good), str(poisoned), "-o", str(out)]) == 2
     assert "refused to open" in capsys.readouterr().err
     assert not marker.exists() and not out.exists()
 
@@ -136,7 +136,7 @@ def test_rescore_refuses_the_payload(
 ) -> None:
     run = tmp_path / "run"
     poison(good, run / "checkpoints" / "best.ckpt", marker)
-    assert load_script("rescore").main([str(run)]) == 1
+    assert load_script("rescore").main([str(run)]) == 2
     assert "refused to open" in capsys.readouterr().err
     assert not marker.exists()
 
