@@ -13,6 +13,7 @@ target_vocab.json where the model has separate source and target vocabularies (o
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -51,7 +52,8 @@ def convert(args: argparse.Namespace, directory: Path) -> int:
     for note in imported.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"wrote {args.output} ({src}->{tgt}); translate with: python translate.py {args.output}")
-    print(f"fine-tune with: python train.py {' '.join(imported.overrides)} init_from={args.output} data=...")
+    overrides = " ".join(shlex.quote(override) for override in imported.overrides)
+    print(f"fine-tune with: python train.py {overrides} init_from={args.output} data=...")
     return 0
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from app.data.concat import SEPARATOR, concat_pairs
 from app.data.corpus import CorpusError, to_parallel_text
-from app.data.multilingual import Languages, language_tag, parse_direction, tagged_split
+from app.data.multilingual import TAG_FORMAT, Languages, language_tag, parse_direction, tagged_split
 from app.data.multilingual_corpus import direction_files
 from app.data.sources import SPLIT_NAMES, Files, open_files, open_hub
 
@@ -39,7 +39,7 @@ class CorpusLayout:
     """What one example of the run's corpora is: its direction and how many sentences it joins.
 
     ``directions`` are in corpus order; an untagged (bilingual) run has the one ``src_lang-tgt_lang``.
-    ``tagged`` runs put ``<2xx>`` before every source and score each direction on its own.
+    ``tagged`` runs put ``<2xx>`` (``tag_format``) before every source and score each direction on its own.
     """
 
     directions: tuple[str, ...]
@@ -47,6 +47,7 @@ class CorpusLayout:
     concat: int = 1
     tgt_lang: str | None = None  # the untagged run's target language (Moses tokenization of its scores)
     langs: tuple[str, ...] = ()  # every language read or written, sorted (what a fetcher prepares)
+    tag_format: str = TAG_FORMAT  # data.tag_format: how a tagged run writes its target tags
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any]) -> CorpusLayout:
@@ -61,7 +62,9 @@ class CorpusLayout:
             raise CorpusError("data.directions reads files (data.pairs or data.lang_files), not data.hub")
         if languages.tagged:
             langs = sorted({*languages.sources, *languages.targets})
-            return cls(languages.directions, tagged=True, concat=concat, langs=tuple(langs))
+            return cls(
+                languages.directions, True, concat, langs=tuple(langs), tag_format=languages.tag_format
+            )
         src, tgt = data.get("src_lang"), data.get("tgt_lang")
         langs = sorted({str(lang) for lang in (src, tgt) if lang})
         return cls((f"{src}-{tgt}",), tagged=False, concat=concat, tgt_lang=tgt, langs=tuple(langs))
@@ -86,7 +89,7 @@ class CorpusLayout:
     @property
     def symbols(self) -> list[str]:
         """Pieces the tokenizers must keep whole: every target tag of a tagged run, the separator."""
-        tags = sorted({language_tag(parse_direction(d)[1]) for d in self.scored_directions})
+        tags = sorted({language_tag(parse_direction(d)[1], self.tag_format) for d in self.scored_directions})
         return [*tags, *([self.separator] if self.separator else [])]
 
     def subword_settings(self, subword: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,7 +169,8 @@ class Corpora:
             opened = open_files(data, corpus_files(data, layout), layout.langs)
         if layout.tagged:  # {direction: {split: sentences}}, each source led by its target tag
             opened = {
-                d: {s: tagged_split(pairs, d) for s, pairs in splits.items()} for d, splits in opened.items()
+                d: {s: tagged_split(pairs, d, layout.tag_format) for s, pairs in splits.items()}
+                for d, splits in opened.items()
             }
         sentences = {split: [opened[d][split] for d in layout.directions] for split in SPLIT_NAMES}
         splits = {

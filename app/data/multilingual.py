@@ -32,9 +32,25 @@ class LanguageError(ValueError):
     """A direction or language the config or a request names wrongly, or that a model was not trained for."""
 
 
-def language_tag(lang: str) -> str:
-    """The source-side token asking for ``lang`` as the output language: ``<2de>``."""
-    return f"<2{lang}>"
+TAG_FORMAT = "<2{lang}>"  # data.tag_format's default; an imported OPUS-MT model's tags are ">>{lang}<<"
+
+
+def language_tag(lang: str, tag_format: str = TAG_FORMAT) -> str:
+    """The source-side token asking for ``lang`` as the output language: ``<2de>`` (or ``>>de<<``)."""
+    return tag_format.replace("{lang}", lang)
+
+
+def check_tag_format(value: Any) -> str:
+    """``data.tag_format`` as given, after checking it makes one whitespace-free token per language."""
+    if value is None:
+        return TAG_FORMAT
+    text = str(value)
+    if text.count("{lang}") != 1 or any(c.isspace() for c in text) or text.replace("{lang}", "").count("{"):
+        raise LanguageError(
+            f"data.tag_format must hold {{lang}} once and no spaces, like <2{{lang}}> (ours) or >>{{lang}}<< "
+            f"(OPUS-MT's), got {value!r}"
+        )
+    return text
 
 
 def parse_direction(name: str) -> tuple[str, str]:
@@ -73,16 +89,17 @@ class Languages:
 
     directions: tuple[str, ...]
     tagged: bool
+    tag_format: str = TAG_FORMAT  # how a target language's tag is written (data.tag_format)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Languages:
         """From a run config (a checkpoint's or an export's): ``data.directions``, else the one direction."""
         data = config.get("data") or {}
-        directions = configured_directions(data)
+        directions, tag_format = configured_directions(data), check_tag_format(data.get("tag_format"))
         if directions is None:
             src, tgt = data.get("src_lang"), data.get("tgt_lang")
-            return cls((f"{src}-{tgt}",) if src and tgt and src != tgt else (), tagged=False)
-        return cls(tuple(directions), tagged=True)
+            return cls((f"{src}-{tgt}",) if src and tgt and src != tgt else (), False, tag_format)
+        return cls(tuple(directions), True, tag_format)
 
     @property
     def sources(self) -> list[str]:
@@ -95,16 +112,16 @@ class Languages:
     def describe(self) -> str:
         return f"directions {', '.join(self.directions)} (target languages: {', '.join(self.targets)})"
 
-    def tag(self, target_lang: str | None, source_lang: str | None = None) -> str | None:
+    def tag(
+        self, target_lang: str | None, source_lang: str | None = None, *, required: bool = True
+    ) -> str | None:
         """The tag to prepend for ``target_lang`` (None for a bilingual model), after checking that the
         model knows both languages; a source language never trained into ``target_lang`` is allowed
-        (zero-shot). A multilingual model needs ``target_lang``."""
+        (zero-shot). A multilingual model needs ``target_lang`` unless not ``required`` (sources that
+        carry their tags already: :meth:`tagged_sources` checks each)."""
         if target_lang is None:
-            if self.tagged:
-                raise LanguageError(
-                    f"this model translates into several languages, {self.describe()}: name the target "
-                    "language (translate.py --tgt-lang, the server's target_lang)"
-                )
+            if self.tagged and required:
+                raise LanguageError(self.name_the_target())
             return None
         if target_lang not in self.targets:
             raise LanguageError(
@@ -116,7 +133,35 @@ class Languages:
                 f"source language {source_lang!r} is not one this model was trained on ({', '.join(known)}); "
                 f"{self.describe()}"
             )
-        return language_tag(target_lang) if self.tagged else None
+        return language_tag(target_lang, self.tag_format) if self.tagged else None
+
+    def tagged_sources(self, sentences: Sequence[str], target_lang: str | None) -> list[str]:
+        """``sentences`` as the model reads them: ``target_lang``'s tag and a space before each non-blank
+        one. With no ``target_lang``, a multilingual model's sentences must each start with one of its tags
+        (how OPUS-MT's users write them, ``>>fra<< Text.``): they are taken as they are. Blank ones stay
+        blank."""
+        tag = self.tag(target_lang, required=False)
+        if tag is not None:
+            return [f"{tag} {s}" if s.strip() else s for s in sentences]
+        if self.tagged:
+            tags = {language_tag(lang, self.tag_format) for lang in self.targets}
+            untagged = [
+                n for n, s in enumerate(sentences, 1) if s.strip() and s.split(maxsplit=1)[0] not in tags
+            ]
+            if untagged:
+                raise LanguageError(
+                    f"sentence {untagged[0]} starts with none of the tags; {self.name_the_target()}"
+                )
+        return list(sentences)
+
+    def name_the_target(self) -> str:
+        """What a multilingual model asks of a request without a target language."""
+        example = language_tag(self.targets[0], self.tag_format)
+        return (
+            f"this model translates into several languages, {self.describe()}: name the target language "
+            f"(translate.py --tgt-lang, the server's target_lang) or start each sentence with its tag, "
+            f"e.g. '{example} ...'"
+        )
 
 
 def configured_directions(data: Mapping[str, Any]) -> list[str] | None:
@@ -128,7 +173,7 @@ def configured_directions(data: Mapping[str, Any]) -> list[str] | None:
     return parse_directions(value, data.get("languages"))
 
 
-def tagged_split(dataset: datasets.Dataset, direction: str) -> datasets.Dataset:
+def tagged_split(dataset: datasets.Dataset, direction: str, tag_format: str = TAG_FORMAT) -> datasets.Dataset:
     """``dataset``'s pairs with the target tag before each non-blank source, and a ``direction`` column.
 
     A blank source stays blank (nothing to translate, as in translate.py). A corpus read from files is
@@ -141,16 +186,16 @@ def tagged_split(dataset: datasets.Dataset, direction: str) -> datasets.Dataset:
             _tag_batch,
             batched=True,
             batch_size=10_000,
-            fn_kwargs={"direction": direction},
+            fn_kwargs={"direction": direction, "tag_format": tag_format},
             desc=f"tagging {direction}",
         )
         .with_format(None)
     )
 
 
-def _tag_batch(batch: pa.Table, direction: str) -> pa.Table:
+def _tag_batch(batch: pa.Table, direction: str, tag_format: str) -> pa.Table:
     """One batch of :func:`tagged_split`: Arrow string kernels, no Python strings per row."""
-    tag = language_tag(parse_direction(direction)[1])
+    tag = language_tag(parse_direction(direction)[1], tag_format)
     src = batch["src"].combine_chunks()
     blank = pc.equal(pc.utf8_trim_whitespace(src), "")
     tagged = pc.if_else(blank, src, pc.binary_join_element_wise(f"{tag} ", src, ""))

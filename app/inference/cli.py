@@ -292,8 +292,8 @@ def translate_command(args: argparse.Namespace) -> int:
             ensemble=args.ensemble,
             compile=args.compile,
         )
-        if engine.languages is not None:  # a multilingual model needs --tgt-lang; any model checks it
-            engine.languages.tag(args.tgt_lang, args.src_lang)
+        if engine.languages is not None:  # a named language is checked; without --tgt-lang, a multilingual
+            engine.languages.tag(args.tgt_lang, args.src_lang, required=False)  # model's lines bring tags
         if args.ref:
             evaluation = score_against_reference(engine, list(lines), args, settings, out)
             print(format_evaluation(evaluation), file=sys.stderr)

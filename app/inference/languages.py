@@ -3,8 +3,10 @@
 A multilingual model (``data.directions``) reads ``<2fr> A man rides a bike.`` and answers in French
 (:mod:`app.data.multilingual`). :class:`TaggedEngine` wraps any engine (torch or CTranslate2) so that
 callers ask by language, ``settings.target_lang = "fr"``: it prepends that tag to every non-blank
-sentence and hands the rest to the engine it wraps. Requests with different target languages are
-different settings, so the server's batcher never merges them. A bilingual model is never wrapped.
+sentence and hands the rest to the engine it wraps; with no target language, each sentence must start
+with a tag of its own (``>>fra<< Text.``, as an imported OPUS-MT model's users write it). Requests with
+different target languages are different settings, so the server's batcher never merges them. A
+bilingual model is never wrapped.
 """
 
 from __future__ import annotations
@@ -15,13 +17,6 @@ import torch
 
 from app.data.multilingual import Languages
 from app.inference.engine import AttentionMap, Engine, SearchSettings, Translation, Truncated
-
-
-def tagged(sentences: list[str], tag: str | None) -> list[str]:
-    """``sentences`` with ``tag`` and a space before each non-blank one (blank ones stay blank)."""
-    if tag is None:
-        return sentences
-    return [f"{tag} {s}" if s.strip() else s for s in sentences]
 
 
 class TaggedEngine(Engine):
@@ -42,9 +37,10 @@ class TaggedEngine(Engine):
         return self.engine.compile_report()
 
     def untag(self, sentences: list[str], settings: SearchSettings) -> tuple[list[str], SearchSettings]:
-        """The tagged sentences and the settings the wrapped engine gets (no language: it has none)."""
-        tag = self.languages.tag(settings.target_lang)
-        return tagged(sentences, tag), replace(settings, target_lang=None)
+        """The tagged sentences and the settings the wrapped engine gets (no language: it has none).
+        Without a target language each sentence must bring its own tag (:meth:`Languages.tagged_sources`)."""
+        texts = self.languages.tagged_sources(sentences, settings.target_lang)
+        return texts, replace(settings, target_lang=None)
 
     def translate(
         self, sentences: list[str], settings: SearchSettings, on_truncate: Truncated | None = None

@@ -16,7 +16,10 @@ the target, each side with its own size). The second becomes our Transformer wit
 Multilingual OPUS-MT models (e.g. ``opus-mt-en-ROMANCE``) read a target-language token such as ``>>fra<<``
 at the start of the source: an entry of the source vocabulary that ``source.spm`` lacks. Our source
 tokenizer gets each such entry as a user-defined piece at its vocabulary id (:func:`language_tokens`), so
-``>>fra<< The house is small.`` gives the ids ``MarianTokenizer`` gives.
+``>>fra<< The house is small.`` gives the ids ``MarianTokenizer`` gives. The checkpoint's config names a
+direction per token (``en-fra``) with ``data.tag_format: ">>{lang}<<"`` (:func:`marian_directions`), so
+``translate.py --tgt-lang fra``, the server's ``target_lang`` and a tagged fine-tuning (``data.directions``)
+write the token as our own multilingual models get their ``<2xx>`` tags.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from torch import Tensor
 
 from app.checkpoint import model_checkpoint
+from app.data.multilingual import LanguageError, parse_direction
 from app.data.tokenizer import Tokenizer
 from app.interop.marian_files import TARGET_VOCAB, MarianImportError, MarianModel, read_marian_dir
 from app.interop.spm_vocab import SPECIAL_PIECES, renumbered_model
@@ -42,6 +46,7 @@ log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}  # Hugging Face's -> ours
+MARIAN_TAGS = ">>{lang}<<"  # data.tag_format of a multilingual OPUS-MT model
 NEVER_LOGIT = -1.0e4
 """The logit bias of our padding id, which Marian's vocabulary lacks (see :func:`vocabulary_order`): its
 probability underflows to exactly 0 in float32, so every other token's log-probability is Marian's."""
@@ -192,8 +197,9 @@ def tokenizers(
         if renumbered.symbols:
             shown = " ".join(renumbered.symbols[:8]) + (" ..." if len(renumbered.symbols) > 8 else "")
             notes.append(
-                f"a multilingual model: start each source with its target-language token and a space, "
-                f"e.g. '{renumbered.symbols[0]} Text.' ({len(renumbered.symbols)} tokens: {shown})"
+                f"a multilingual model: name the target language (translate.py --tgt-lang "
+                f"{renumbered.symbols[0][2:-2]}, the server's target_lang) or start each source with its "
+                f"token, e.g. '{renumbered.symbols[0]} Text.' ({len(renumbered.symbols)} tokens: {shown})"
             )
         if renumbered.dropped:
             notes.append(
@@ -301,7 +307,13 @@ def import_marian(directory: str | os.PathLike[str], *, src_lang: str, tgt_lang:
     source, target = vocabularies(marian)
     (src_tok, tgt_tok), notes = tokenizers(marian, source, target)
     overrides = marian_overrides(options, marian.config, src_lang=src_lang, tgt_lang=tgt_lang)
-    config = run_config(overrides, output_dir=str(Path(directory).resolve()))
+    directions, skipped = marian_directions(src_lang, language_tokens(source))
+    if skipped:
+        notes.append(f"language tokens with no direction {src_lang}-CODE (write them in the text): {skipped}")
+    if directions:  # the tags are written Marian's way in translation and in any tagged fine-tuning
+        overrides.append(f"data.tag_format={json.dumps(MARIAN_TAGS)}")
+    tagged = [f"data.directions=[{','.join(directions)}]"] if directions else []
+    config = run_config(overrides + tagged, output_dir=str(Path(directory).resolve()))
     sizes = {"src_vocab_size": len(source.order), "tgt_vocab_size": len(target.order)}
     model = build_model(config["model"], config["attention"], **sizes, pad_id=0)
     try:
@@ -321,6 +333,21 @@ def marian_overrides(
     values["attention.dropout"] = config.get("attention_dropout", 0.0)
     values["data.src_lang"], values["data.tgt_lang"] = src_lang, tgt_lang
     return ["experiment=opus_mt"] + [f"{key}={json.dumps(value)}" for key, value in values.items()]
+
+
+def marian_directions(src_lang: str, tokens: list[str]) -> tuple[list[str], list[str]]:
+    """A multilingual model's directions, one per target-language token (``>>fra<<`` -> ``en-fra``), and
+    the tokens that make no direction name (the source language itself, characters a code lacks)."""
+    directions, skipped = [], []
+    for token in tokens:
+        direction = f"{src_lang}-{token[2:-2]}"
+        try:
+            parse_direction(direction)
+        except LanguageError:
+            skipped.append(token)
+            continue
+        directions.append(direction)
+    return directions, skipped
 
 
 def run_config(overrides: list[str], *, output_dir: str) -> dict[str, Any]:

@@ -147,16 +147,17 @@ def check_request(
     request: TranslateRequest, limits: ServerLimits, languages: Languages | None = None
 ) -> SearchSettings:
     """The search settings asked for; :class:`Refused` (400, 413) names what is wrong, including a
-    ``target_lang`` the model lacks (or none for a multilingual model), naming the model's languages."""
-    if languages is not None:
-        try:
-            languages.tag(request.target_lang)
-        except LanguageError as err:
-            raise Refused(400, str(err)) from None
+    ``target_lang`` the model lacks (or none for a multilingual model, unless each sentence starts with one
+    of its tags), naming the model's languages."""
     if len(request.sentences) > limits.max_sentences:
         raise Refused(
             413, f"{len(request.sentences)} sentences is over the limit of {limits.max_sentences} per request"
         )
+    if languages is not None:
+        try:
+            languages.tagged_sources(request.sentences, request.target_lang)
+        except LanguageError as err:
+            raise Refused(400, str(err)) from None
     try:
         settings = request.settings(limits.batch_size)
     except ValueError as err:

@@ -27,7 +27,7 @@ from typing import Any
 from app.attention.convert import convert_state
 from app.checkpoint import CheckpointError, LoadedModel, load_model
 from app.data.corpora import CorpusLayout
-from app.data.multilingual import Languages, language_tag
+from app.data.multilingual import TAG_FORMAT, Languages, language_tag
 from app.data.tokenizer import Tokenizer
 from app.models.seq2seq import Seq2Seq
 
@@ -81,27 +81,36 @@ def check_separator(layout: CorpusLayout, start: LoadedModel, *, source: str) ->
 def check_languages(layout: CorpusLayout, start: LoadedModel, *, source: str) -> None:
     """Refuse a warm start whose sources would carry tags the start model never saw, or would lack the
     tags it was trained to read."""
-    ours, theirs = Languages(layout.scored_directions, layout.tagged), Languages.from_config(start.config)
+    ours = Languages(layout.scored_directions, layout.tagged, layout.tag_format)
+    theirs = Languages.from_config(start.config)
     if theirs.tagged and not ours.tagged:
         raise CheckpointError(
             f"init_from={source} was trained with target-language tags ({theirs.describe()}); give "
-            f"data.directions (e.g. data.directions=[{theirs.directions[0]}]) so that this run's sources "
-            "carry them too"
+            f"data.directions (e.g. data.directions=[{theirs.directions[0]}]{spelling(theirs)}) so that "
+            "this run's sources carry them too"
         )
     if not ours.tagged:
         return
-    missing = [lang for lang in ours.targets if not is_one_piece(start.src_tokenizer, language_tag(lang))]
+    tags = {lang: language_tag(lang, ours.tag_format) for lang in ours.targets}
+    missing = [lang for lang, tag in tags.items() if not is_one_piece(start.src_tokenizer, tag)]
     if missing:
         raise CheckpointError(
             f"init_from={source}: its vocabulary has no tag for target language(s) {missing} that "
-            f"data.directions asks for; the model was trained on {theirs.describe()}"
+            f"data.directions asks for, written {ours.tag_format}; the model was trained on "
+            f"{theirs.describe()}{spelling(theirs)}"
         )
 
 
+def spelling(languages: Languages) -> str:
+    """`` data.tag_format='...'`` for a tagged model whose tags are not written ours (an OPUS-MT model's)."""
+    return f" data.tag_format='{languages.tag_format}'" if languages.tag_format != TAG_FORMAT else ""
+
+
 def is_one_piece(tokenizer: Tokenizer, symbol: str) -> bool:
-    """Whether ``symbol`` is a piece of ``tokenizer``'s vocabulary (a user-defined symbol), not split."""
+    """Whether ``symbol`` is a piece of ``tokenizer``'s vocabulary (a user-defined symbol), not split; with
+    the word boundary in front (``▁>>fra<<``, an imported OPUS-MT model's language tokens) it is too."""
     pieces = [piece for piece in tokenizer.id_to_piece(tokenizer.encode([symbol])[0]) if piece != "▁"]
-    return pieces == [symbol]
+    return pieces in ([symbol], [f"▁{symbol}"])
 
 
 def load_weights(model: Seq2Seq, start: LoadedModel, config: Mapping[str, Any], *, source: str) -> None:

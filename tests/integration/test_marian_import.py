@@ -18,6 +18,7 @@ import io
 import json
 import shlex
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -26,7 +27,7 @@ import torch
 from helpers.marian import LANGUAGE_CODES, SENTENCES, TAGGED_SENTENCES, make_marian_dir
 from helpers.training import REPO_ROOT
 
-from app.checkpoint import LoadedModel, load_model
+from app.checkpoint import CheckpointError, LoadedModel, load_model
 from app.inference.engine import SearchSettings
 from app.inference.torch_engine import TorchEngine, load_torch_engine, pad_batch
 from app.interop.marian import vocabularies
@@ -81,10 +82,10 @@ def texts(layout: str) -> list[str]:
 @pytest.fixture(scope="module")
 def imported(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The checkpoint scripts/import_marian.py writes (languages from the directory's name), and what it
-    prints."""
+    prints (its notes included)."""
     path = tmp_path_factory.mktemp("ckpt") / "opus-mt-de-en.ckpt"
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         assert load_script().main([str(marian_dir), "-o", str(path)]) == 0
     return path, printed.getvalue()
 
@@ -262,6 +263,54 @@ def test_translate_py_translates_the_checkpoint(checkpoint: Path, tmp_path: Path
     expected = engine.translate(SENTENCES, SearchSettings(beam=4, alpha=1.0))
     assert out.read_text(encoding="utf-8").splitlines() == expected
     assert any(expected)
+
+
+@pytest.mark.parametrize("layout", ["multilingual"], indirect=True)
+def test_a_multilingual_model_takes_the_target_language_by_name(
+    checkpoint: Path, imported: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--tgt-lang fra`` writes ``>>fra<<`` before each line (the import names a direction per token),
+    as a line that brings its own token; a line with neither is refused, naming the codes, in translate.py
+    and in the server's check."""
+    from app.inference.cli import main
+    from app.inference.engines import open_engine
+    from app.serving.api import Refused, ServerLimits, check_request
+    from app.serving.schema import TranslateRequest
+
+    engine, _ = load_torch_engine(checkpoint)
+    settings = SearchSettings(beam=1, max_len=24)
+    for code in ("fra", "pt_BR"):
+        expected = engine.translate([f">>{code}<< {s}" for s in SENTENCES], settings)
+        assert main([str(checkpoint), "--beam", "1", "--max-len", "24", "--tgt-lang", code, *SENTENCES]) == 0
+        assert capsys.readouterr().out.splitlines() == expected
+        assert open_engine(checkpoint).translate(SENTENCES, replace(settings, target_lang=code)) == expected
+    assert main([str(checkpoint), "--beam", "1", TAGGED_SENTENCES[0], SENTENCES[1]]) == 2
+    err = capsys.readouterr().err
+    assert "sentence 2" in err and "target languages: fra, pt_BR, spa" in err and ">>fra<<" in err
+    assert main([str(checkpoint), "--tgt-lang", "deu", *SENTENCES]) == 2
+    assert "'deu'" in capsys.readouterr().err
+    languages = open_engine(checkpoint).languages
+    assert languages.directions == ("de-fra", "de-spa", "de-pt_BR") and languages.tag_format == ">>{lang}<<"
+    check_request(TranslateRequest(sentences=TAGGED_SENTENCES), ServerLimits(), languages)
+    check_request(TranslateRequest(sentences=SENTENCES, target_lang="spa"), ServerLimits(), languages)
+    with pytest.raises(Refused, match="sentence 1 starts with none of the tags"):
+        check_request(TranslateRequest(sentences=SENTENCES), ServerLimits(), languages)
+    assert "--tgt-lang fra" in imported[1]
+
+
+@pytest.mark.parametrize("layout", ["multilingual"], indirect=True)
+def test_a_tagged_fine_tuning_writes_the_models_tokens(loaded: LoadedModel, checkpoint: Path) -> None:
+    """init_from with data.directions: the run's tags must be the model's (``data.tag_format``, printed
+    with the import's overrides); ours (``<2fra>``) or none are refused, saying how to write them."""
+    from app.data.corpora import CorpusLayout
+    from app.training.warm_start import check_languages
+
+    marian = {"directions": ["de-fra"], "tag_format": ">>{lang}<<"}
+    check_languages(CorpusLayout.from_config(marian), loaded, source="opus")
+    with pytest.raises(CheckpointError, match=r"\['fra'\].*data\.tag_format='>>\{lang\}<<'"):
+        check_languages(CorpusLayout.from_config({"directions": ["de-fra"]}), loaded, source="opus")
+    with pytest.raises(CheckpointError, match=r"data\.directions=\[de-fra\] data\.tag_format='>>\{lang\}<<'"):
+        check_languages(CorpusLayout.from_config({"src_lang": "de", "tgt_lang": "fr"}), loaded, source="opus")
 
 
 def test_ct2_export_scores_as_the_checkpoint(checkpoint: Path, loaded: LoadedModel, tmp_path: Path) -> None:

@@ -198,6 +198,10 @@ def test_tgt_lang_chooses_the_tag_and_a_missing_or_unknown_one_names_the_languag
     assert json.loads(capsys.readouterr().out)["target_lang"] == "fr"
     assert main([str(checkpoint), "A man rides a bike."]) == 2
     assert "de-en, en-de, en-fr" in capsys.readouterr().err
+    assert main([str(checkpoint), "--beam", "1", "--tgt-lang", "fr", "A man."]) == 0
+    named = capsys.readouterr().out
+    assert main([str(checkpoint), "--beam", "1", "<2fr> A man."]) == 0  # a line may bring its own tag
+    assert capsys.readouterr().out == named
     assert main([str(checkpoint), "--tgt-lang", "cs", "A man."]) == 2
     err = capsys.readouterr().err
     assert "'cs'" in err and "target languages: de, en, fr" in err
@@ -214,6 +218,8 @@ def test_the_server_takes_target_lang(multilingual_run: tuple[Path, dict[str, An
         assert ok.status_code == 200 and len(ok.json()["translations"]) == 1
         missing = httpx.post(f"{url}/translate", json=body, timeout=TIMEOUT)
         assert missing.status_code == 400 and "target languages: de, en, fr" in missing.json()["error"]
+        own = httpx.post(f"{url}/translate", json={**body, "sentences": ["<2de> A man."]}, timeout=TIMEOUT)
+        assert own.status_code == 200 and len(own.json()["translations"]) == 1
         unknown = httpx.post(f"{url}/translate", json={**body, "target_lang": "cs"}, timeout=TIMEOUT)
         assert unknown.status_code == 400 and "'cs'" in unknown.json()["error"]
 

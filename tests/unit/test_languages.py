@@ -17,7 +17,6 @@ from app.data.multilingual import (
     tagged_split,
     temperature_probabilities,
 )
-from app.inference.languages import tagged
 from app.inference.selection import check_selection, validation_monitor
 from app.reports.runs import RunRecord
 from app.reports.summary import COLUMNS, summary_table
@@ -75,7 +74,34 @@ def test_tagging_keeps_blank_sources_blank() -> None:
     split = tagged_split(pairs, "en-de")
     assert split["src"] == ["<2de> A dog.", "", "  "] and split["tgt"] == pairs["tgt"]
     assert split["direction"] == ["en-de"] * 3 and "direction" not in pairs.column_names
-    assert tagged(["A dog.", ""], "<2de>") == ["<2de> A dog.", ""] and tagged(["x"], None) == ["x"]
+    languages = Languages.from_config({"data": {"directions": ["en-de"]}})
+    assert languages.tagged_sources(["A dog.", ""], "de") == ["<2de> A dog.", ""]
+
+
+def test_sentences_that_bring_their_tags_need_no_target_language() -> None:
+    languages = Languages.from_config({"data": {"directions": ["en-de", "en-fr"]}})
+    given = ["<2fr> A dog.", "", "  <2de> A cat."]
+    assert languages.tagged_sources(given, None) == given  # taken as they are
+    with pytest.raises(LanguageError, match=r"sentence 2 starts with none of the tags.*'<2de> \.\.\.'"):
+        languages.tagged_sources(["<2fr> A dog.", "<2cs> A cat."], None)
+    assert languages.tag(None, required=False) is None
+    bilingual = Languages.from_config({"data": {"src_lang": "en", "tgt_lang": "de"}})
+    assert bilingual.tagged_sources(["<2fr> x", "y"], None) == ["<2fr> x", "y"]  # no tags: text as given
+
+
+def test_tag_format_writes_the_tags_of_a_run_and_of_its_model() -> None:
+    data = {"directions": ["en-fra", "en-pt_BR"], "tag_format": ">>{lang}<<"}
+    languages = Languages.from_config({"data": data})
+    assert languages.tag("pt_BR") == ">>pt_BR<<" == language_tag("pt_BR", ">>{lang}<<")
+    assert languages.tagged_sources(["A dog."], "fra") == [">>fra<< A dog."]
+    assert languages.tagged_sources([">>pt_BR<< A dog."], None) == [">>pt_BR<< A dog."]
+    layout = CorpusLayout.from_config(data)
+    assert layout.symbols == [">>fra<<", ">>pt_BR<<"]
+    pairs = datasets.Dataset.from_dict({"src": ["A dog.", ""], "tgt": ["Un chien.", ""]})
+    assert tagged_split(pairs, "en-fra", layout.tag_format)["src"] == [">>fra<< A dog.", ""]
+    for bad in ("<2>", "{lang}{lang}", "< {lang} >", "<{lang}{x}>"):
+        with pytest.raises(LanguageError, match=r"data\.tag_format"):
+            Languages.from_config({"data": {"directions": ["en-de"], "tag_format": bad}})
 
 
 def test_temperature_goes_from_proportional_to_uniform() -> None:
