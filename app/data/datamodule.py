@@ -119,9 +119,11 @@ class TranslationDataModule(pl.LightningDataModule):
         seed: int,
     ) -> TranslationDataModule:
         """The datamodule the ``data`` config describes (the one place its batching keys are read)."""
-        for key in ("max_tokens", "eval_max_tokens"):  # eval_max_tokens null: max_tokens
+        for key, nullable in (("max_tokens", False), ("eval_max_tokens", True)):  # null: max_tokens
             value = data.get(key)
-            if (value is not None or key == "max_tokens") and (not isinstance(value, int) or value < 1):
+            if value is None and nullable:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"data.{key}={value!r}: a batch's budget of padded tokens, a positive int")
         return cls(
             corpora=corpora,

@@ -150,8 +150,10 @@ def test_limits_that_leave_no_training_data_stop_before_a_trainer_with_one_error
             "error: unknown sparse attention pattern 'diagonal'",
         ),
         (["data.max_tokens=-5"], "error: data.max_tokens=-5: a batch's budget of padded tokens, a positive"),
+        (["data.eval_max_tokens=true"], "error: data.eval_max_tokens=True: a batch's budget of padded"),
+        (['data.tag_format="<2>"'], "error: data.tag_format must hold {lang} once and no spaces"),
     ],
-    ids=["schedule", "selection", "trainer", "attention", "batch"],
+    ids=["schedule", "selection", "trainer", "attention", "batch", "eval-batch", "tag-format"],
 )
 def test_a_config_that_cannot_work_is_one_error_line(
     overrides: list[str], message: str, multi30k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
