@@ -110,5 +110,5 @@ def test_rescore_script_names_a_directory_that_is_not_a_run(tmp_path: Path) -> N
     done = subprocess.run(
         [sys.executable, "scripts/rescore.py", str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True
     )
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert f"neither best.ckpt nor last.ckpt in {tmp_path}/checkpoints" in done.stderr
