@@ -459,8 +459,13 @@ def feature_map_reference(kernel: LinearAttention, x: Tensor) -> Tensor:
     if kernel.feature_map == "elu":
         return torch.where(x > 0, x + 1, torch.exp(x))
     x = x / x.size(-1) ** 0.25
-    w = orthogonal_random_features(kernel.num_features, x.size(-1), kernel.seed).to(x.dtype)
-    return torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(kernel.num_features)
+    if kernel.learned:  # query head h (and keys shared out to it) use kv head h // G's W
+        w = kernel.weight.to(x.dtype).repeat_interleave(x.size(1) // kernel.weight.size(0), dim=0)
+    else:
+        w = orthogonal_random_features(kernel.num_features, x.size(-1), kernel.seed).to(x.dtype)
+    return torch.exp(x @ w.transpose(-1, -2) - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(
+        kernel.num_features
+    )
 
 
 def linear_reference(kernel: LinearAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -474,13 +479,32 @@ def linear_reference(kernel: LinearAttention, q: Tensor, k: Tensor, v: Tensor, m
 LINEAR_OPTIONS = {
     "elu": {"feature_map": "elu", "chunk_size": 4},
     "favor": {"feature_map": "favor", "num_features": 16, "chunk_size": 4, "seed": 7},
+    "favor_learned": {
+        "feature_map": "favor",
+        "num_features": 16,
+        "chunk_size": 4,
+        "seed": 7,
+        "learned": True,
+    },
 }
+
+
+def linear_kernel(options: dict, case: Case, dim: int = 8) -> LinearAttention:
+    """The kernel bound to ``case``'s heads; a learned map moved off its random draw, so the test sees W."""
+    kernel = build_kernel("linear", **options)
+    kernel.bind(num_heads=case.heads, num_kv_heads=case.kv_heads, head_dim=dim)
+    if kernel.weight is not None:
+        with torch.no_grad():
+            kernel.weight.add_(
+                0.3 * torch.randn(kernel.weight.shape, generator=torch.Generator().manual_seed(1))
+            )
+    return kernel
 
 
 @pytest.mark.parametrize("options", LINEAR_OPTIONS.values(), ids=LINEAR_OPTIONS.keys())
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_linear_matches_the_quadratic_form(options: dict, case: Case) -> None:
-    kernel = build_kernel("linear", **options)
+    kernel = linear_kernel(options, case)
     q, k, v, key_mask = random_inputs(case)
     mask = explicit_mask(case, key_mask)
 
@@ -494,7 +518,7 @@ def test_linear_matches_the_quadratic_form(options: dict, case: Case) -> None:
 
 @pytest.mark.parametrize("options", LINEAR_OPTIONS.values(), ids=LINEAR_OPTIONS.keys())
 def test_linear_recurrent_step_equals_the_causal_form(options: dict) -> None:
-    kernel = build_kernel("linear", **options)
+    kernel = linear_kernel(options, Case(kv_heads=2))
     q, k, v, _ = random_inputs(Case(kv_heads=2, tq=10, tk=10))
     key_mask = torch.ones(2, 10, dtype=torch.bool)
     key_mask[1, 3] = key_mask[1, 7] = False  # holes in the middle of row 1
@@ -536,7 +560,7 @@ def test_linear_cached_decoding_equals_full_recomputation(options: dict) -> None
 
 @pytest.mark.parametrize("options", LINEAR_OPTIONS.values(), ids=LINEAR_OPTIONS.keys())
 def test_linear_rows_without_keys_are_zero_with_finite_gradients(options: dict) -> None:
-    kernel = build_kernel("linear", **options)
+    kernel = linear_kernel(options, Case(kv_heads=2))
     q, k, v, _ = random_inputs(Case(kv_heads=2, tq=3, tk=5), dtype=torch.float32)
     key_mask = torch.tensor([[True] * 5, [False] * 5])
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -559,6 +583,27 @@ def test_favor_estimates_softmax_attention() -> None:
     assert (approx.context - expected).abs().max() < 0.05
     crude = build_kernel("linear", feature_map="elu")(q, k, v, key_mask=key_mask, causal=True)
     assert (crude.context - expected).abs().max() > (approx.context - expected).abs().max()
+
+
+def test_a_learned_feature_map_gets_the_gradient_of_the_quadratic_form() -> None:
+    """W's gradient through the chunked causal scan and the reduced (non-causal) form equals the one
+    through the plain quadratic form; a layer's W starts from the draw, FAVOR+'s softmax estimate."""
+    for causal in (True, False):
+        case = Case(kv_heads=2, padded=True, causal=causal)
+        kernel = linear_kernel(LINEAR_OPTIONS["favor_learned"], case)
+        q, k, v, key_mask = random_inputs(case)
+        out = kernel(q, k, v, key_mask=key_mask, causal=causal).context
+        (grad,) = torch.autograd.grad((out * out).sum(), [kernel.weight])
+        expected = linear_reference(kernel, q, k, v, explicit_mask(case, key_mask))
+        (expected_grad,) = torch.autograd.grad((expected * expected).sum(), [kernel.weight])
+        torch.testing.assert_close(out, expected, rtol=1e-7, atol=1e-8)
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-6)
+        assert grad.abs().sum() > 0
+    layer = MultiHeadAttention(d_model=16, num_heads=4, num_kv_heads=2, kernel=build_kernel(
+        "linear", feature_map="favor", num_features=16, seed=7, learned=True
+    ))  # fmt: skip
+    assert layer.kernel.weight.shape == (2, 16, 4) and layer.kernel.weight.requires_grad
+    torch.testing.assert_close(layer.kernel.weight[1], orthogonal_random_features(16, 4, 8).float())
 
 
 def test_favor_features_do_not_overflow_on_large_inputs() -> None:
@@ -590,6 +635,8 @@ def test_linear_refuses_weights_and_weight_dropout() -> None:
         ({"eps": 0.0}, r"eps=0.0 must be a number > 0"),
         ({"seed": 1.5}, r"seed=1.5 must be an integer"),
         ({"redraw": True}, r"'linear' rejected options \{'redraw': True\}"),
+        ({"learned": True}, r"learned=True must be true or false, and true only with feature_map=favor"),
+        ({"feature_map": "favor", "learned": "yes"}, r"learned='yes' must be true or false"),
     ],
 )
 def test_linear_bad_options_are_named(options: dict, message: str) -> None:
@@ -787,6 +834,15 @@ def test_new_attention_configs_compose_and_build(option: str, tmp_path: Path) ->
     tgt = torch.tensor([[2, 9, 10], [2, 11, 0]])
     with torch.no_grad():
         assert model(src, tgt).shape == (2, 3, 50)
+
+
+def test_a_learned_feature_map_is_a_parameter_of_every_linear_layer(tmp_path: Path) -> None:
+    config = compose_attention("linear", tmp_path, "attention.feature_map=favor", "attention.learned=true")
+    model = build_model(config["model"], config["attention"], src_vocab_size=50, tgt_vocab_size=50, pad_id=0)
+    learned = {name for name, _ in model.named_parameters() if name.endswith("kernel.weight")}
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, LinearAttention)}
+    assert learned == {f"{name}.weight" for name in layers} and len(layers) >= 3
+    assert {kernel.describe() for kernel in layers.values()} == {"linear favor m=64 learned"}
 
 
 def test_sparse_config_override_reaches_both_self_attention_sites(tmp_path: Path) -> None:

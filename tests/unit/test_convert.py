@@ -121,15 +121,38 @@ def test_linformer_starts_as_the_trained_softmax_layer_on_inputs_up_to_k() -> No
 
 
 def test_kernels_without_parameters_take_the_weights_as_they_are() -> None:
-    """Linear attention here has a fixed feature map (no T2R map to fit): nothing new, nothing dropped."""
+    """Linear attention with a fixed feature map (elu here): nothing new, nothing dropped."""
     source = tiny({"kernel": "eager"})
     target, notes = converted(source, {"kernel": "linear"})
-    assert len(notes) == 2 and "elu feature map is fixed, not learned (there is no T2R map" in notes[0]
+    assert (
+        len(notes) == 2 and "elu feature map is fixed, not learned (attention.feature_map=favor" in notes[0]
+    )
     assert notes[0].startswith(
         "kernel at decoder.*.cross_attn, decoder.*.self_attn, encoder.*.self_attn (3 layers)"
     )
     for name, tensor in source.state_dict().items():
         assert torch.equal(target.state_dict()[name], tensor)
+
+
+def test_a_learned_feature_map_starts_from_the_softmax_estimate() -> None:
+    """linear favor learned: W is new, one orthogonal random draw per kv head (seed + head), where
+    phi(q).phi(k) estimates the trained exp(q.k / sqrt(d)); the trained projections are kept."""
+    from app.attention.kernels.linear import orthogonal_random_features
+
+    source = tiny({"kernel": "eager"})
+    learned = {"kernel": "linear", "feature_map": "favor", "num_features": 8, "seed": 3, "learned": True}
+    target, notes = converted(source, learned | {"num_kv_heads": 2})
+    note = next(note for note in notes if note.startswith("kernel.weight at "))
+    assert "decoder.*.cross_attn, decoder.*.self_attn, encoder.*.self_attn (3 tensors): new" in note
+    assert "W = orthogonal random features (seed 3 + head), learned from there" in note
+    weight = target.get_submodule("encoder.0.self_attn").kernel.weight
+    assert weight.shape == (2, 8, HEAD_DIM)
+    for head in range(2):
+        torch.testing.assert_close(weight[head], orthogonal_random_features(8, HEAD_DIM, 3 + head).float())
+    state = target.state_dict()
+    assert torch.equal(
+        state["encoder.0.self_attn.q_proj.weight"], source.state_dict()["encoder.0.self_attn.q_proj.weight"]
+    )
 
 
 def test_a_shared_qk_kernel_drops_the_trained_key_projection_and_says_so() -> None:

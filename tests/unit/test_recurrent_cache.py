@@ -27,6 +27,10 @@ VOCAB = 20
 FEATURE_MAPS = {
     "elu": {"kernel": "linear", "options": {"feature_map": "elu"}},
     "favor": {"kernel": "linear", "options": {"feature_map": "favor", "num_features": 16}},
+    "favor_learned": {
+        "kernel": "linear",
+        "options": {"feature_map": "favor", "num_features": 16, "learned": True},
+    },
 }
 
 

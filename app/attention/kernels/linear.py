@@ -19,6 +19,12 @@ Feature maps (``feature_map`` option):
   x' = x / d^(1/4), so that E[phi(q) . phi(k)] = exp(q . k / sqrt(d)) (Choromanski et al. 2021,
   "Rethinking Attention with Performers", Lemma 1 and section 4, FAVOR+). W (m = ``num_features``
   rows) is drawn once per head width from ``seed``; it is not redrawn during training.
+* ``favor`` with ``learned: true``: W becomes a parameter, one per key/value head (drawn from ``seed`` +
+  the head's index), trained with the model: a learned feature map, as T2R learns one to stand in for a
+  trained softmax (Kasai et al. 2021, "Finetuning Pretrained Transformers into RNNs", section 3.1, with
+  an MLP relu(W x + b)). Starting from the random draw, the first step is FAVOR+'s unbiased estimate of
+  the softmax kernel, which a trained softmax layer converted to linear attention wants
+  (:meth:`LinearAttention.start_from_softmax`); T2R's relu map has no such start.
 
 Key padding zeroes phi(k) at padded keys, so they add nothing to either sum. Rows that see no key give
 0 / (0 + eps) = 0. There is no attention matrix, so weights cannot be returned and weight dropout does
@@ -30,99 +36,23 @@ not apply. :meth:`LinearAttention.recurrent_step` carries the O(1)-size state fo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from app.attention.base import AttentionKernel, AttentionOutput, KernelCapabilities
 from app.attention.cache import AttentionCache, RecurrentCache, ReducedCache
+from app.attention.kernels.linear_ops import (
+    LinearAttentionState,
+    causal_scan,
+    half_sq_norms,
+    orthogonal_random_features,
+    prefix_state,
+)
 from app.attention.registry import AttentionConfigError, register_kernel
 
 FEATURE_MAPS = ("elu", "favor")
-
-
-@dataclass
-class LinearAttentionState:
-    """The recurrent state of causal linear attention after some prefix of keys (one layer)."""
-
-    kv: Tensor  # (B, Hkv, m, Dv): sum_j phi(k_j) v_j^T
-    z: Tensor  # (B, Hkv, m): sum_j phi(k_j)
-
-    def reorder(self, index: Tensor) -> LinearAttentionState:
-        """Select batch rows (beam search keeps the surviving hypotheses)."""
-        return LinearAttentionState(kv=self.kv.index_select(0, index), z=self.z.index_select(0, index))
-
-    def nbytes(self) -> int:
-        """Bytes held: (m x Dv + m) numbers per kv head, whatever the number of positions seen."""
-        return sum(t.numel() * t.element_size() for t in (self.kv, self.z))
-
-
-def orthogonal_random_features(num_features: int, dim: int, seed: int) -> Tensor:
-    """(m, d) float64 projection: blocks of orthogonal rows, each scaled to the norm of a Gaussian vector.
-
-    Orthogonal rows lower the variance of the estimate; chi-distributed norms keep it unbiased
-    (Choromanski et al. 2021, section 2.4).
-    """
-    gen = torch.Generator().manual_seed(seed)
-    blocks = []
-    for _ in range(math.ceil(num_features / dim)):
-        orthogonal, upper = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
-        # Fixing the signs of R's diagonal makes Q uniformly (Haar) distributed, so every row direction
-        # is uniform on the sphere; without it the directions, and the estimate, are biased.
-        orthogonal = orthogonal * torch.sign(torch.diagonal(upper))
-        blocks.append(orthogonal.T)
-    rows = torch.cat(blocks)[:num_features]
-    norms = torch.randn(num_features, dim, generator=gen, dtype=torch.float64).norm(dim=1)
-    return rows * norms[:, None]
-
-
-def _causal_linear(
-    phi_q: Tensor,
-    eps_row: Tensor,
-    phi_k: Tensor,
-    v: Tensor,
-    state: LinearAttentionState | None,
-    chunk_size: int,
-) -> tuple[Tensor, LinearAttentionState]:
-    """Causal linear attention of aligned queries and keys, starting from ``state`` (None = no prefix).
-
-    phi_q (B, Hkv, G, T, m), eps_row (B, Hkv, G, T, 1), phi_k (B, Hkv, T, m), v (B, Hkv, T, Dv).
-    Returns the context (B, Hkv, G, T, Dv) and the state after the T keys.
-
-    A chunked scan, batched over the chunks (no loop; Katharopoulos et al. 2020, section 3.3, a chunk at a
-    time): inside a chunk of C positions the masked (C, C) products phi(Q) phi(K)^T; across chunks each
-    chunk's phi(K)^T [V, 1] (the sums of eq. 5, the normaliser's as a last column of ones), summed along
-    the chunk axis, give each chunk the state before it (the cumulative sum less the chunk's own term).
-    Positions past T (padding to whole chunks) have zero features and are cut from the result.
-    """
-    b, kv_heads, t, m = phi_k.shape
-    dv = v.size(-1)
-    if t == 0:
-        kv0 = phi_k.new_zeros(b, kv_heads, m, dv) if state is None else state.kv
-        z0 = phi_k.new_zeros(b, kv_heads, m) if state is None else state.z
-        return phi_q.new_zeros(*phi_q.shape[:-1], dv), LinearAttentionState(kv=kv0, z=z0)
-    size = min(chunk_size, t)
-    n = -(-t // size)  # chunks
-    pad = n * size - t
-    values = torch.cat([v, v.new_ones(b, kv_heads, t, 1)], dim=-1)  # (B, Hkv, T, Dv + 1)
-    if pad:
-        phi_q, phi_k, values = (F.pad(x, (0, 0, 0, pad)) for x in (phi_q, phi_k, values))
-        eps_row = F.pad(eps_row, (0, 0, 0, pad), value=1.0)  # no 0 / 0 in the cut rows
-    qc, ec = phi_q.unflatten(-2, (n, size)), eps_row.unflatten(-2, (n, size))  # (B, Hkv, G, n, C, m | 1)
-    kc, vc = phi_k.unflatten(-2, (n, size)), values.unflatten(-2, (n, size))  # (B, Hkv, n, C, m | Dv + 1)
-    per_chunk = kc.transpose(-1, -2) @ vc  # (B, Hkv, n, m, Dv + 1)
-    after = per_chunk.cumsum(2)  # the sums after each chunk
-    before = after - per_chunk  # exclusive: the first chunk's is exactly 0
-    if state is not None:
-        prefix = torch.cat([state.kv, state.z[..., None]], dim=-1)  # (B, Hkv, m, Dv + 1)
-        before, after = before + prefix[:, :, None], after + prefix[:, :, None]
-    within = (qc @ kc[:, :, None].transpose(-1, -2)).tril()  # (B, Hkv, G, n, C, C): key j <= query i
-    out = qc @ before[:, :, None] + within @ vc[:, :, None]  # (B, Hkv, G, n, C, Dv + 1)
-    context = (out[..., :dv] / (out[..., dv:] + ec)).flatten(-3, -2)  # (B, Hkv, G, n * C, Dv)
-    last = after[:, :, -1]  # (B, Hkv, m, Dv + 1)
-    return context[..., :t, :], LinearAttentionState(kv=last[..., :dv], z=last[..., dv])
 
 
 def _refuse_weights(*, need_weights: bool, dropout_p: float) -> None:
@@ -134,11 +64,6 @@ def _refuse_weights(*, need_weights: bool, dropout_p: float) -> None:
             f"the linear kernel has no attention weights to drop (dropout_p={dropout_p}); "
             "set attention.dropout=0"
         )
-
-
-def _prefix_state(phi_k: Tensor, v: Tensor) -> LinearAttentionState:
-    """The state after keys phi_k (B, Hkv, T, m) with values v (B, Hkv, T, Dv)."""
-    return LinearAttentionState(kv=phi_k.transpose(-1, -2) @ v, z=phi_k.sum(-2))
 
 
 @register_kernel("linear")
@@ -165,12 +90,18 @@ class LinearAttention(AttentionKernel):
         seed: int = 0,
         eps: float = 1e-6,
         chunk_size: int = 64,
+        learned: bool = False,
     ) -> None:
         super().__init__()
         if feature_map not in FEATURE_MAPS:
             raise AttentionConfigError(
                 f"unknown linear attention feature_map {feature_map!r}; "
                 f"valid choices: {', '.join(FEATURE_MAPS)}"
+            )
+        if not isinstance(learned, bool) or (learned and feature_map != "favor"):
+            raise AttentionConfigError(
+                f"linear attention learned={learned!r} must be true or false, and true only with "
+                f"feature_map=favor (elu has no parameters to learn), got feature_map={feature_map!r}"
             )
         for name, value in {"num_features": num_features, "chunk_size": chunk_size}.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -180,23 +111,45 @@ class LinearAttention(AttentionKernel):
         if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps > 0:
             raise AttentionConfigError(f"linear attention eps={eps!r} must be a number > 0")
         self.feature_map, self.num_features, self.seed = feature_map, num_features, seed
-        self.eps, self.chunk_size = float(eps), chunk_size
+        self.eps, self.chunk_size, self.learned = float(eps), chunk_size, learned
         self._projections: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
+        self.weight: nn.Parameter | None = None  # learned: (Hkv, m, Dh), made by bind()
+
+    def bind(self, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        """``learned``: W, one (m, Dh) draw per key/value head (seed + its index), as a parameter."""
+        if self.learned:
+            self.weight = nn.Parameter(self.random_draw(num_kv_heads, head_dim))
+
+    def random_draw(self, heads: int, dim: int) -> Tensor:
+        """(heads, m, dim) float32: head h's orthogonal random features from ``seed + h``."""
+        draws = [orthogonal_random_features(self.num_features, dim, self.seed + h) for h in range(heads)]
+        return torch.stack(draws).float()
 
     def extra_repr(self) -> str:
-        return f"feature_map={self.feature_map!r}, num_features={self.num_features}, eps={self.eps}"
+        learned = ", learned=True" if self.learned else ""
+        return f"feature_map={self.feature_map!r}, num_features={self.num_features}, eps={self.eps}{learned}"
 
     def describe(self) -> str:
         if self.feature_map == "favor":
-            return f"{self.name} favor m={self.num_features}"
+            return f"{self.name} favor m={self.num_features}" + (" learned" if self.learned else "")
         return f"{self.name} {self.feature_map}"
 
     def start_from_softmax(self) -> str:
-        """Nothing to set: the feature map is fixed, not learned (no T2R map, Kasai et al. 2021)."""
+        """``learned``: W set to the random draw, where phi(q).phi(k) estimates the trained softmax kernel
+        exp(q.k / sqrt(d)) without bias; the fixed maps have nothing to set."""
+        if self.weight is not None:
+            with torch.no_grad():
+                self.weight.copy_(self.random_draw(*self.weight.shape[:1], self.weight.size(-1)))
+            return (
+                f"W = orthogonal random features (seed {self.seed} + head), learned from there: at the first "
+                "step phi(q).phi(k) estimates exp(q.k / sqrt(d)), the trained softmax kernel, without bias "
+                "(FAVOR+), then uptraining fits the map (a learned feature map, as in T2R, Kasai et al. 2021)"
+            )
         return (
-            f"no kernel parameters: the {self.feature_map} feature map is fixed, not learned (there is no "
-            "T2R map to fit, Kasai et al. 2021), so the trained projections are taken as they are and "
-            "uptraining adapts them to phi(q).phi(k) in place of exp(q.k / sqrt(d))"
+            f"no kernel parameters: the {self.feature_map} feature map is fixed, not learned "
+            "(attention.feature_map=favor attention.learned=true learns one, T2R-style), so the trained "
+            "projections are taken as they are and uptraining adapts them to phi(q).phi(k) in place of "
+            "exp(q.k / sqrt(d))"
         )
 
     def feature_size(self, head_dim: int) -> int:
@@ -224,10 +177,17 @@ class LinearAttention(AttentionKernel):
     # --- feature maps -------------------------------------------------------------------------------
 
     def projection(self, dim: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """The FAVOR+ random features W (m, dim), drawn once per head width and device.
+        """The FAVOR+ random features W (m, dim), drawn once per head width and device; ``learned``: the
+        parameter (Hkv, m, dim).
 
-        W is a function of (seed, m, dim) only, so it is not a buffer: checkpoints need not store it.
+        A fixed W is a function of (seed, m, dim) only, so it is not a buffer: checkpoints need not store it.
         """
+        if self.learned:
+            if self.weight is None:
+                raise RuntimeError(
+                    "a learned feature map is made by bind(); build the layer around the kernel"
+                )
+            return self.weight.to(dtype)
         key = (dim, device, dtype)
         if key not in self._projections:
             w = orthogonal_random_features(self.num_features, dim, self.seed)
@@ -241,7 +201,7 @@ class LinearAttention(AttentionKernel):
         x, w = self._favor_inputs(k)
         # exp(w.x - |x|^2/2 - |w|^2/2) = exp(-|x - w|^2 / 2) <= 1: the |w|^2/2 taken here is given
         # back on the query side, so phi(q) . phi(k) is unchanged and no key feature can overflow.
-        exponent = x @ w.T - (x * x).sum(-1, keepdim=True) / 2 - (w * w).sum(-1) / 2
+        exponent = x @ w.transpose(-1, -2) - (x * x).sum(-1, keepdim=True) / 2 - half_sq_norms(w)
         return torch.exp(exponent) / math.sqrt(self.num_features)
 
     def query_features(self, q: Tensor) -> tuple[Tensor, Tensor]:
@@ -254,14 +214,19 @@ class LinearAttention(AttentionKernel):
         if self.feature_map == "elu":
             return F.elu(q) + 1, q.new_full((*q.shape[:-1], 1), self.eps)
         x, w = self._favor_inputs(q)
-        exponent = x @ w.T - (x * x).sum(-1, keepdim=True) / 2 + (w * w).sum(-1) / 2
+        exponent = x @ w.transpose(-1, -2) - (x * x).sum(-1, keepdim=True) / 2 + half_sq_norms(w)
         shift = exponent.amax(-1, keepdim=True).detach()  # (..., T, 1)
         features = torch.exp(exponent - shift) / math.sqrt(self.num_features)
         return features, self.eps * torch.exp(-shift)
 
     def _favor_inputs(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x / d^(1/4) and W: (m, d), or a learned map's (Hkv, m, d) repeated for x's (B, H, T, d) heads
+        (the queries of a group share their key/value head's map)."""
         dim = x.size(-1)
-        return x * dim**-0.25, self.projection(dim, x.device, x.dtype)
+        w = self.projection(dim, x.device, x.dtype)
+        if w.dim() == 3 and x.size(1) != w.size(0):
+            w = w.repeat_interleave(x.size(1) // w.size(0), dim=0)
+        return x * dim**-0.25, w
 
     # --- attention ----------------------------------------------------------------------------------
 
@@ -317,8 +282,8 @@ class LinearAttention(AttentionKernel):
         """Query i sits at position i + offset: keys before the first query form the initial state."""
         dead = max(0, -offset)  # queries before the first key see nothing
         prefix = max(0, offset)
-        state = _prefix_state(phi_k[:, :, :prefix], v[:, :, :prefix]) if prefix else None
-        live, _ = _causal_linear(
+        state = prefix_state(phi_k[:, :, :prefix], v[:, :, :prefix]) if prefix else None
+        live, _ = causal_scan(
             phi_q[..., dead:, :],
             eps_row[..., dead:, :],
             phi_k[:, :, prefix:],
@@ -367,5 +332,5 @@ class LinearAttention(AttentionKernel):
                 f"recurrent_step needs as many queries as new keys, got {q.size(2)} and {k.size(2)}"
             )
         phi_q, eps_row, phi_k, values = self._features(q, k, v, key_mask)
-        context, state = _causal_linear(phi_q, eps_row, phi_k, values, state, self.chunk_size)
+        context, state = causal_scan(phi_q, eps_row, phi_k, values, state, self.chunk_size)
         return context.flatten(1, 2).to(q.dtype), state
