@@ -309,7 +309,7 @@ def import_marian(directory: str | os.PathLike[str], *, src_lang: str, tgt_lang:
     overrides = marian_overrides(options, marian.config, src_lang=src_lang, tgt_lang=tgt_lang)
     directions, skipped = marian_directions(src_lang, language_tokens(source))
     if skipped:
-        notes.append(f"language tokens with no direction {src_lang}-CODE (write them in the text): {skipped}")
+        notes.append(f"language tokens that make no direction {src_lang}-CODE, so not asked for: {skipped}")
     if directions:  # the tags are written Marian's way in translation and in any tagged fine-tuning
         overrides.append(f"data.tag_format={json.dumps(MARIAN_TAGS)}")
     tagged = [f"data.directions=[{','.join(directions)}]"] if directions else []
